@@ -1,0 +1,29 @@
+# The README's two commands: `make lab` (set up, open the lab) and `make test` (set up, run every test).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The torch build the lab is tested with. On Colab/Kaggle the notebooks never reinstall torch.
+TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
+LAB_ARGS ?=
+
+.PHONY: install lab test strip clean-cache
+
+$(BIN)/.labkit-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(BIN)/.labkit-installed
+
+lab: install
+	$(BIN)/jupyter lab notebooks/00_start_here.ipynb $(LAB_ARGS)
+
+test: install
+	PYTHON=$(BIN)/python bash scripts/test.sh
+
+strip:  # remove outputs from every notebook before committing
+	$(BIN)/nbstripout notebooks/*.ipynb
+
+clean-cache:
+	rm -rf data/cache/results

@@ -1,0 +1,110 @@
+"""Command line: `labkit env | run | sweep | pretrain | bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from .errors import ConfigError, LabkitError
+
+
+def _parse_set(items: list[str]) -> dict:
+    """``["batch_size=32,64", "precision=fp32"]`` -> ``{"batch_size": [32, 64], "precision": ["fp32"]}``."""
+    axes = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError("--set", item, "FIELD=V1,V2,... (e.g. batch_size=32,64)")
+        name, values = item.split("=", 1)
+        axes[name.strip()] = [yaml.safe_load(v) for v in values.split(",") if v.strip()]
+    return axes
+
+
+def _cmd_env(args) -> int:
+    from .env import env_report
+
+    print(env_report())
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from .config import load_config
+    from .results import cached_fit, to_frame
+
+    cfg = load_config(args.config)
+    result = cached_fit(cfg, refresh=args.refresh)
+    print(to_frame([result]).T.to_string(header=False))
+    print(json.dumps(result.to_dict(), indent=1 if args.pretty else None))
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    from .config import load_config
+    from .results import sweep
+
+    cfg = load_config(args.config)
+    frame = sweep(cfg, refresh=args.refresh, **_parse_set(args.set or []))
+    columns = [c for c in ("batch_size", "precision", "model", "step_time_s", "throughput", "peak_memory_bytes",
+                           "accuracy", "error") if c in frame]
+    print(frame[columns].to_string(index=False))
+    if args.csv:
+        frame.to_csv(args.csv, index=False)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def _cmd_pretrain(args) -> int:
+    from .pretrain import pretrain
+
+    for name in args.models:
+        info = pretrain(name, steps=args.steps)
+        print(json.dumps(info))
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from .bench import run_bench
+
+    path = run_bench(out_dir=Path(args.out) if args.out else None)
+    print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("env", help="describe this machine (device, GPU, bf16, profile, versions)")
+    run = sub.add_parser("run", help="run one config (YAML) and print its result as a table and JSON")
+    run.add_argument("config")
+    run.add_argument("--refresh", action="store_true", help="ignore the cached result")
+    run.add_argument("--pretty", action="store_true", help="indent the JSON")
+    sw = sub.add_parser("sweep", help="run a config over axes: --set batch_size=32,64 --set precision=fp32,bf16")
+    sw.add_argument("config")
+    sw.add_argument("--set", action="append", metavar="FIELD=V1,V2")
+    sw.add_argument("--refresh", action="store_true")
+    sw.add_argument("--csv", help="also write the table to this CSV file")
+    pre = sub.add_parser("pretrain", help="train labkit's offline checkpoints on the shapes_source task")
+    pre.add_argument("models", nargs="*", default=["small_cnn", "shufflenet_v2_x0_5"])
+    pre.add_argument("--steps", type=int, default=None, help="optimizer steps (default: each model's recipe)")
+    bench = sub.add_parser("bench", help="notebook-00 baseline + timing demo at the full profile -> reference JSON")
+    bench.add_argument("--out", help="folder for the JSON (default: src/labkit/assets/reference)")
+    return parser
+
+
+COMMANDS = {"env": _cmd_env, "run": _cmd_run, "sweep": _cmd_sweep, "pretrain": _cmd_pretrain, "bench": _cmd_bench}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (LabkitError, FileNotFoundError) as exc:
+        print(f"labkit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""`RunConfig`: one frozen dataclass describing a run, validated on creation, loadable from YAML."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import numbers
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from .errors import ConfigError
+
+PRECISIONS = ("fp32", "fp16", "bf16", "auto")
+OPTIMIZERS = ("adamw", "sgd")
+DEVICES_HINT = "'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines one training run. Override by keyword; invalid values raise `ConfigError`.
+
+    Args:
+        model: a name from ``labkit.models.available()``.
+        dataset: a name from ``labkit.data.available()``.
+        batch_size: samples per optimizer step (split into ``grad_accum`` micro-batches).
+        precision: ``fp32``, ``fp16`` (autocast + GradScaler), ``bf16`` (autocast) or ``auto``.
+        optimizer, lr, weight_decay, momentum: the optimizer (``adamw`` or ``sgd``).
+        epochs, max_steps: train for ``epochs`` passes, or exactly ``max_steps`` optimizer steps if set.
+        grad_accum: micro-batches per optimizer step; must divide ``batch_size``.
+        grad_clip: clip the gradient norm to this value (None: no clipping).
+        checkpointing, freeze: arrive with their notebooks; only the defaults are accepted now.
+        seed: seeds data order, initialisation and augmentation.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        pretrained: start from pretrained weights (ImageNet online, labkit's own checkpoints offline).
+        train_size: training samples; None takes the profile's size.
+        tf32: allow TF32 for float32 matmuls/convolutions on Ampere+ (always set explicitly, never implicit).
+        channels_last: use the channels_last memory format for model and inputs.
+        evaluate: measure test accuracy after training.
+
+    Example:
+        >>> cfg = RunConfig(model="small_cnn", batch_size=128).replace(precision="bf16")
+    """
+
+    model: str = "small_cnn"
+    dataset: str = "shapes10"
+    batch_size: int = 64
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    epochs: int = 1
+    max_steps: int | None = None
+    grad_accum: int = 1
+    grad_clip: float | None = None
+    checkpointing: bool | int = False
+    freeze: str | None = None
+    seed: int = 0
+    device: str = "auto"
+    pretrained: bool = True
+    train_size: int | None = None
+    tf32: bool = False
+    channels_last: bool = False
+    evaluate: bool = True
+
+    def __post_init__(self):
+        from . import data, models
+
+        if self.model not in models.available():
+            raise ConfigError("model", self.model, f"one of {models.available()}")
+        if self.dataset not in data.available():
+            raise ConfigError("dataset", self.dataset, f"one of {data.available()}")
+        for name in ("batch_size", "epochs", "grad_accum"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ConfigError(name, value, "a positive integer (1, 2, 3, ...)")
+        for name in ("max_steps", "train_size"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise ConfigError(name, value, "None or a positive integer")
+        if self.batch_size % self.grad_accum:
+            raise ConfigError("grad_accum", self.grad_accum,
+                              f"a divisor of batch_size={self.batch_size} (each micro-batch is "
+                              "batch_size / grad_accum samples)")
+        if self.precision not in PRECISIONS:
+            raise ConfigError("precision", self.precision, f"one of {list(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError("optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
+        if not _is_number(self.lr) or not self.lr > 0:
+            raise ConfigError("lr", self.lr, "a number > 0")
+        for name in ("weight_decay", "momentum"):
+            value = getattr(self, name)
+            if not _is_number(value) or value < 0:
+                raise ConfigError(name, value, "a number >= 0")
+        if self.grad_clip is not None and (not _is_number(self.grad_clip) or not self.grad_clip > 0):
+            raise ConfigError("grad_clip", self.grad_clip, "None or a number > 0")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ConfigError("seed", self.seed, "an integer >= 0")
+        if not isinstance(self.device, str) or not (
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
+        ):
+            raise ConfigError("device", self.device, DEVICES_HINT)
+        for name in ("pretrained", "tf32", "channels_last", "evaluate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, getattr(self, name), "True or False")
+        # Not silently ignored: these fields are reserved for later notebooks.
+        if self.checkpointing is not False:
+            raise ConfigError("checkpointing", self.checkpointing, "False in this version of labkit",
+                              "Gradient checkpointing arrives with notebook 03")
+        if self.freeze is not None:
+            raise ConfigError("freeze", self.freeze, "None in this version of labkit",
+                              "Layer freezing arrives with its own notebook")
+
+    def replace(self, **changes) -> RunConfig:
+        """A copy with ``changes`` applied (and validated). Unknown names raise `ConfigError`."""
+        check_keys(changes, "RunConfig")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict, source: str = "RunConfig") -> RunConfig:
+        """Build from a mapping; unknown keys are an error, never ignored."""
+        if not isinstance(values, dict):
+            raise ConfigError(source, values, "a mapping of RunConfig fields (key: value)")
+        check_keys(values, source)
+        return cls(**values)
+
+
+def baseline(prof=None, **overrides) -> RunConfig:
+    """Notebook 00's baseline: fine-tune the pretrained ``small_cnn`` on ``shapes10`` for the profile's steps.
+
+    Example:
+        >>> cfg = baseline(labkit.profile("ci"), batch_size=32)
+    """
+    from .env import profile
+
+    prof = prof or profile()
+    values = {"model": "small_cnn", "dataset": "shapes10", "batch_size": 64, "lr": 1e-3,
+              "max_steps": prof.max_steps, "pretrained": True}
+    check_keys(overrides, "baseline")
+    values.update(overrides)
+    return RunConfig(**values)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(RunConfig)]
+
+
+def check_keys(values, source: str) -> None:
+    """Raise `ConfigError` naming each key of ``values`` that is not a `RunConfig` field."""
+    names = field_names()
+    for key in values:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{source} key", key, f"a RunConfig field ({', '.join(names)})", hint)
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Load a `RunConfig` from a YAML mapping; unknown keys and non-mappings raise `ConfigError`.
+
+    Example:
+        >>> cfg = labkit.load_config("recipe.yaml")
+    """
+    path = Path(path)
+    loaded = yaml.safe_load(path.read_text())
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path.name}", type(loaded).__name__,
+                          "a YAML mapping of RunConfig fields (e.g. 'batch_size: 64')")
+    return RunConfig.from_dict(loaded, source=path.name)
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> Path:
+    """Write ``cfg`` as YAML; `load_config` reads it back unchanged."""
+    path = Path(path)
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    return path

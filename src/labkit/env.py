@@ -1,0 +1,183 @@
+"""What we run on: device, GPU, capability, bf16/tensor-core support, platform and profile."""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .errors import ConfigError
+
+PROFILE_ENV = "LABKIT_PROFILE"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much work a notebook does. Shrinks the work, never skips a code path.
+
+    Attributes:
+        name: ``ci``, ``quick`` or ``full``.
+        train_size, val_size, test_size: samples in each split of a dataset.
+        max_steps: the step budget of one fine-tune in the notebooks.
+        warmup_steps: untimed plain steps before timing starts (the profiling steps come on top).
+        repeats: timed repetitions of latency and timing demos.
+    """
+
+    name: str
+    train_size: int
+    val_size: int
+    test_size: int
+    max_steps: int
+    warmup_steps: int
+    repeats: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PROFILES = {
+    "ci": Profile("ci", train_size=512, val_size=128, test_size=256, max_steps=16, warmup_steps=1, repeats=5),
+    "quick": Profile("quick", train_size=4096, val_size=512, test_size=1024, max_steps=160, warmup_steps=3,
+                     repeats=20),
+    "full": Profile("full", train_size=20000, val_size=2000, test_size=5000, max_steps=800, warmup_steps=5,
+                    repeats=50),
+}
+
+
+def profile(name: str | None = None) -> Profile:
+    """The active profile: ``name``, else ``$LABKIT_PROFILE``, else ``full`` on CUDA and ``quick`` on CPU.
+
+    Example:
+        >>> labkit.profile("ci").train_size
+        512
+    """
+    field = "profile"
+    if name is None:
+        name = os.environ.get(PROFILE_ENV) or None
+        field = PROFILE_ENV
+    if name is None:
+        return PROFILES["full" if torch.cuda.is_available() else "quick"]
+    if name not in PROFILES:
+        raise ConfigError(field, name, f"one of {sorted(PROFILES)}")
+    return PROFILES[name]
+
+
+def detect_platform() -> str:
+    """``colab``, ``kaggle`` or ``local``."""
+    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or os.path.isdir("/kaggle/working"):
+        return "kaggle"
+    return "local"
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` -> CUDA when there is a GPU, else CPU. ``cuda`` without a GPU is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device", device, "'auto' or 'cpu' (no CUDA GPU is visible to torch here)")
+    if device == "cpu" or device.startswith("cuda"):
+        return torch.device(device)
+    raise ConfigError("device", device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+
+def native_bf16(capability: tuple[int, int] | None) -> bool:
+    """bf16 runs natively from Ampere (8.0) on. A T4 (7.5) reports bf16 through emulation only."""
+    return capability is not None and capability >= (8, 0)
+
+
+def has_tensor_cores(capability: tuple[int, int] | None) -> bool:
+    """Tensor cores arrived with Volta (7.0); a P100 (6.0) has none."""
+    return capability is not None and capability >= (7, 0)
+
+
+def tf32_state() -> dict:
+    """Whether float32 matmuls and convolutions may use TF32 (only matters on Ampere and later)."""
+    matmul = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if matmul is not None:
+        conv = torch.backends.cudnn.conv.fp32_precision
+        # "none" means "not set": matmul then defaults to IEEE and cuDNN convs to TF32.
+        return {"matmul": matmul == "tf32", "conv": conv in ("tf32", "none")}
+    return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "conv": bool(torch.backends.cudnn.allow_tf32)}
+
+
+def set_tf32(enabled: bool) -> None:
+    """Set TF32 for matmuls and convolutions explicitly, with the API this torch provides."""
+    if getattr(torch.backends.cuda.matmul, "fp32_precision", None) is not None:
+        value = "tf32" if enabled else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = value
+        torch.backends.cudnn.conv.fp32_precision = value
+    else:  # torch < 2.9
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def _version(module_name: str) -> str | None:
+    try:
+        module = __import__(module_name)
+    except ImportError:
+        return None
+    return getattr(module, "__version__", None)
+
+
+class EnvReport(dict):
+    """A plain dict (JSON-serialisable) that renders as a table in Jupyter and in a terminal."""
+
+    def __str__(self) -> str:
+        width = max(len(k) for k in self)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in self.items())
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td style='text-align:left'><b>{k}</b></td><td style='text-align:left'>{v}</td></tr>"
+                       for k, v in self.items())
+        return f"<table>{rows}</table>"
+
+
+def env_report(device: str = "auto") -> EnvReport:
+    """Describe the machine: device, GPU, capability, memory, bf16, tensor cores, TF32, platform, profile, versions.
+
+    Example:
+        >>> rep = labkit.env_report()
+        >>> rep["device"], rep["bf16"]
+        ('cpu', True)
+    """
+    from . import __version__
+
+    dev = resolve_device(device)
+    report = EnvReport(device=dev.type, gpu=None, capability=None, gpu_memory_bytes=None)
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        capability = (props.major, props.minor)
+        report.update(gpu=props.name, capability=f"{props.major}.{props.minor}",
+                      gpu_memory_bytes=int(props.total_memory), gpu_count=torch.cuda.device_count())
+        report["bf16"] = native_bf16(capability)
+        # torch.cuda.is_bf16_supported() says True on a T4 because it can emulate bf16; we do not count that.
+        report["bf16_emulated"] = (not report["bf16"]) and bool(torch.cuda.is_bf16_supported(including_emulation=True))
+        report["tensor_cores"] = has_tensor_cores(capability)
+    else:
+        report["gpu_count"] = 0
+        # CPU autocast supports bf16 everywhere; it is fast only with AVX512-BF16/AMX.
+        report["bf16"] = True
+        report["bf16_emulated"] = False
+        report["tensor_cores"] = False
+        report["cpu"] = _platform.processor() or _platform.machine()
+        report["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        report["cpu_threads"] = torch.get_num_threads()
+    tf32 = tf32_state()
+    report["tf32_matmul"], report["tf32_conv"] = tf32["matmul"], tf32["conv"]
+    report["platform"] = detect_platform()
+    report["profile"] = profile().name
+    report["python"] = _platform.python_version()
+    report["torch"] = torch.__version__
+    report["torchvision"] = _version("torchvision")
+    report["labkit"] = __version__
+    return report
+
+
+def hardware_key(report: dict) -> str:
+    """What makes two measurements comparable: device, GPU, torch version, profile."""
+    return "|".join(str(report.get(k)) for k in ("device", "gpu", "cpu", "torch", "profile"))

@@ -1,0 +1,100 @@
+"""Sentences computed from live results, so that what a notebook says matches what this run measured.
+
+Notebooks print these instead of typing figures into prose; on CPU and on GPU they stay true.
+"""
+
+from __future__ import annotations
+
+from .measure import TimingPitfalls
+from .result import MEMORY_CATEGORIES, RunResult
+
+MiB = 2**20
+
+
+def _mib(nbytes) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / MiB:.2f} MiB"
+
+
+def timing(tp: TimingPitfalls) -> str:
+    """What the timing demo showed: cold vs warm, and unsynchronised vs synchronised."""
+    lines = [
+        f"First call: {tp.first_call_s * 1e3:.2f} ms, {tp.cold_vs_warm:.1f}x the warm median of "
+        f"{tp.warm_median_s * 1e3:.2f} ms over {tp.repeats} calls. The first call pays one-off costs "
+        "(allocating memory, choosing kernels" + (", starting CUDA" if tp.device == "cuda" else "")
+        + "); timing it would overstate the step time.",
+    ]
+    ratio = tp.unsynced_vs_synced
+    if tp.device == "cuda":
+        if ratio < 0.8:
+            lines.append(
+                f"Without synchronising, the host clock read {tp.unsynced_median_s * 1e3:.2f} ms, only {ratio:.2f}x "
+                "the real time: it timed how fast Python queued the kernels, not the GPU's work.")
+        else:
+            lines.append(
+                f"Without synchronising, the host clock read {tp.unsynced_median_s * 1e3:.2f} ms ({ratio:.2f}x the "
+                "synchronised time): here the CPU side was the bottleneck, so little work was left on the GPU "
+                "when the clock stopped. With larger batches or models the gap opens; synchronise anyway.")
+    else:
+        lines.append(
+            f"On the CPU every operation finishes before the next starts, so the unsynchronised reading "
+            f"({tp.unsynced_median_s * 1e3:.2f} ms) matches the synchronised one ({ratio:.2f}x). On a GPU, "
+            "kernels run asynchronously and an unsynchronised clock can read far too little.")
+    return "\n".join(lines)
+
+
+def headline(res: RunResult) -> str:
+    """The four headline numbers (time, memory, accuracy, size) plus throughput and FLOP/s, in words."""
+    untimed = res.steps - res.timed_steps
+    text = [
+        f"Step time: median {res.step_time_s * 1e3:.2f} ms (10-90%: {res.step_time_p10_s * 1e3:.2f}-"
+        f"{res.step_time_p90_s * 1e3:.2f} ms) over {res.timed_steps} timed steps; {untimed} warm-up and "
+        f"profiling steps were not timed. Throughput: {res.throughput:.0f} samples/s.",
+        f"Peak memory: {_mib(res.peak_memory_bytes)} "
+        + ("(max_memory_allocated over the timed steps)." if res.reserved_memory_bytes is not None
+           else "(live tensors counted exactly by labkit's tracker: the CPU has no caching allocator)."),
+        f"Test accuracy: {res.accuracy:.1%} (chance is 10%)." if res.accuracy is not None else "Not evaluated.",
+        f"Model size: {_mib(res.model_size_bytes)} serialised, {res.num_params:,} parameters "
+        f"({res.num_trainable_params:,} trainable).",
+    ]
+    if res.achieved_flops:
+        flops = f"Achieved {res.achieved_flops / 1e9:.1f} GFLOP/s ({res.flops_per_step / 1e9:.2f} GFLOP per step)"
+        if res.mfu is not None:
+            flops += f", {res.mfu:.1%} of this GPU's {res.precision_used} datasheet peak."
+        else:
+            flops += "; no datasheet peak is known for this device, so no utilisation is computed."
+        text.append(flops)
+    return "\n".join(text)
+
+
+def memory(res: RunResult) -> str:
+    """Allocated vs reserved, and the breakdown by category."""
+    lines = []
+    if res.reserved_memory_bytes is not None:
+        gap = res.reserved_memory_bytes - res.peak_memory_bytes
+        lines.append(
+            f"Allocated peak {_mib(res.peak_memory_bytes)}, reserved {_mib(res.reserved_memory_bytes)}: the caching "
+            f"allocator held {_mib(gap)} that no tensor was using. nvidia-smi shows the reserved figure (plus the "
+            "CUDA context); comparisons must use the allocated one.")
+    else:
+        lines.append(
+            f"Peak {_mib(res.peak_memory_bytes)} of live tensors. The CPU has no caching allocator, so there is no "
+            "'reserved' figure here; on a GPU labkit reports both.")
+    if res.memory:
+        parts = ", ".join(f"{c.replace('_', ' ')} {_mib(res.memory.get(c, 0))}" for c in MEMORY_CATEGORIES)
+        lines.append(f"Each category's own peak during a step: {parts}.")
+        largest = max(MEMORY_CATEGORIES, key=lambda c: res.memory.get(c, 0))
+        lines.append(f"The largest is {largest.replace('_', ' ')}. These peaks happen at different moments "
+                     "(activations at the end of the forward pass, optimizer state during step()), so they add "
+                     "up to more than the total peak.")
+    elif res.memory_note:
+        lines.append(res.memory_note)
+    return "\n".join(lines)
+
+
+def compare(name_a: str, a: RunResult, name_b: str, b: RunResult, metric: str = "accuracy") -> str:
+    """One sentence comparing ``metric`` between two runs, e.g. pretrained vs from scratch."""
+    va, vb = getattr(a, metric), getattr(b, metric)
+    if metric == "accuracy":
+        return (f"{name_a}: {va:.1%} vs {name_b}: {vb:.1%} after the same {a.steps} steps "
+                f"({(va - vb) * 100:+.1f} percentage points).")
+    return f"{name_a}: {va:.4g} vs {name_b}: {vb:.4g} ({va / vb:.2f}x)."

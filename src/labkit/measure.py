@@ -1,0 +1,370 @@
+"""How labkit measures: step timers, peak memory and its breakdown, FLOPs, model size, latency.
+
+Rules every number follows: warm-up is excluded; GPU work is synchronised before a time is read
+(CUDA events); peak memory comes from the allocator (``max_memory_allocated``), never from the
+cache (``memory_reserved``), and on CPU from an exact accounting of live tensors.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .result import MEMORY_CATEGORIES
+
+# ---------------------------------------------------------------------------------------------
+# Time
+
+
+class StepTimer:
+    """Times a sequence of steps. CUDA: events around each step, read after one synchronise.
+
+    Example:
+        >>> timer = StepTimer(torch.device("cpu"))
+        >>> timer.start(); work(); timer.stop()
+        >>> timer.times_s()
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = torch.device(device).type == "cuda"
+        self._pending: list = []
+        self._start = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((self._start, end))
+        else:
+            self._pending.append(time.perf_counter() - self._start)
+
+    def times_s(self) -> list[float]:
+        """Every step's time in seconds (synchronises the GPU first)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [start.elapsed_time(end) / 1e3 for start, end in self._pending]
+        return list(self._pending)
+
+
+def spread(times_s: list[float]) -> tuple[float, float, float]:
+    """(median, 10th percentile, 90th percentile) of ``times_s``; NaNs when empty."""
+    if not times_s:
+        nan = float("nan")
+        return nan, nan, nan
+    if len(times_s) == 1:
+        return times_s[0], times_s[0], times_s[0]
+    deciles = statistics.quantiles(times_s, n=10, method="inclusive")
+    return statistics.median(times_s), deciles[0], deciles[-1]
+
+
+def synchronize(device: torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_memory(device: torch.device) -> None:
+    """Start a clean measurement: collect garbage, empty the CUDA cache, reset peak statistics."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+@dataclass
+class Latency:
+    """Inference latency over ``repeats`` timed calls after ``warmup`` untimed ones."""
+
+    median_s: float
+    p10_s: float
+    p90_s: float
+    times_s: list = field(repr=False, default_factory=list)
+
+
+@torch.no_grad()
+def measure_latency(model: torch.nn.Module, inputs: torch.Tensor, warmup: int = 5, repeats: int = 20) -> Latency:
+    """Median inference latency of ``model(inputs)`` in eval mode, warm-up excluded, GPU synchronised.
+
+    Example:
+        >>> lat = measure_latency(model, torch.randn(1, 3, 32, 32), warmup=5, repeats=50)
+        >>> lat.median_s
+    """
+    was_training = model.training
+    model.eval()
+    timer = StepTimer(inputs.device)
+    for _ in range(warmup):
+        model(inputs)
+    synchronize(inputs.device)
+    for _ in range(repeats):
+        timer.start()
+        model(inputs)
+        timer.stop()
+    model.train(was_training)
+    times = timer.times_s()
+    median, p10, p90 = spread(times)
+    return Latency(median, p10, p90, times)
+
+
+@dataclass
+class TimingPitfalls:
+    """The same call timed four ways, to show why warm-up and synchronisation matter.
+
+    Attributes:
+        first_call_s: the very first call (includes one-off costs: allocation, kernel selection).
+        warm_median_s: median over ``repeats`` calls after warm-up, synchronised: the right number.
+        unsynced_median_s: median read from the host clock without synchronising. On a GPU this
+            measures only the kernel *launch*, not the work; on CPU there is nothing to synchronise.
+        device: where it ran.
+    """
+
+    first_call_s: float
+    warm_median_s: float
+    unsynced_median_s: float
+    device: str
+    repeats: int
+
+    @property
+    def cold_vs_warm(self) -> float:
+        return self.first_call_s / self.warm_median_s
+
+    @property
+    def unsynced_vs_synced(self) -> float:
+        return self.unsynced_median_s / self.warm_median_s
+
+    def to_frame(self):
+        """The three readings as a DataFrame (``method``, ``time_s``) for `labkit.plots.bar`."""
+        import pandas as pd
+
+        return pd.DataFrame({"method": ["first call", "warm, synchronised", "warm, not synchronised"],
+                             "time_s": [self.first_call_s, self.warm_median_s, self.unsynced_median_s]})
+
+
+def timing_pitfalls(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 10) -> TimingPitfalls:
+    """Time ``fn`` cold, warm+synchronised and warm+unsynchronised (host clock only).
+
+    Example:
+        >>> tp = timing_pitfalls(lambda: model(x).sum().backward(), torch.device("cpu"))
+        >>> tp.cold_vs_warm
+    """
+    device = torch.device(device)
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    first = time.perf_counter() - start
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    unsynced = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        unsynced.append(time.perf_counter() - start)  # deliberately wrong on a GPU: no synchronise
+        synchronize(device)
+    timer = StepTimer(device)
+    for _ in range(repeats):
+        timer.start()
+        fn()
+        timer.stop()
+    return TimingPitfalls(first, spread(timer.times_s())[0], spread(unsynced)[0], device.type, repeats)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory
+
+_CATEGORY_OF = {
+    "Parameter": "parameters",
+    "Buffer": "parameters",
+    "Gradient": "gradients",
+    "Optstate": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "other",
+    "Other": "other",
+}
+
+
+@dataclass
+class MemoryBreakdown:
+    """Memory of one training step by category, in bytes.
+
+    Attributes:
+        peak_by_category: each category's own peak during the step (activations peak at the end of
+            the forward pass, optimizer state during ``step()``; these peaks happen at different moments).
+        at_peak: the composition at the moment of the total peak (may show few activations).
+        total_peak_bytes: the highest total of tracked tensors during the step.
+        note: why the breakdown is missing, if it is.
+    """
+
+    peak_by_category: dict = field(default_factory=dict)
+    at_peak: dict = field(default_factory=dict)
+    total_peak_bytes: int | None = None
+    note: str | None = None
+
+
+def _memory_tracker_class():
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class _CategoryPeakTracker(MemTracker):
+        """MemTracker that also keeps each category's own running peak."""
+
+        def __init__(self):
+            super().__init__()
+            self.category_peaks: dict = {}
+
+        def _update_peak_stats(self, peak_state) -> None:  # called after every tracked op
+            super()._update_peak_stats(peak_state)
+            for snap in self._curr_mem_snap.values():
+                for ref, nbytes in snap.items():
+                    key = getattr(ref, "value", ref)
+                    if nbytes > self.category_peaks.get(key, 0):
+                        self.category_peaks[key] = nbytes
+
+    return _CategoryPeakTracker
+
+
+_active_tracker = None
+
+
+def new_micro_batch() -> None:
+    """Tell the memory tracker (if one is active) that the model is about to run again in this step.
+
+    torch's MemTracker refuses a second forward of the same module in one tracking context, which
+    gradient accumulation does; clearing its per-module stats between micro-batches is what it asks
+    for, and leaves the per-category and total peaks intact.
+    """
+    if _active_tracker is not None:
+        _active_tracker.reset_mod_stats()
+
+
+def _by_category(raw: dict) -> dict:
+    out = dict.fromkeys(MEMORY_CATEGORIES, 0)
+    for key, nbytes in raw.items():
+        name = getattr(key, "value", key)
+        if name in _CATEGORY_OF:
+            out[_CATEGORY_OF[name]] += int(nbytes)
+    return out
+
+
+def track_step_memory(step: Callable[[], object], model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer) -> MemoryBreakdown:
+    """Run ``step()`` once under torch's MemTracker and return the memory breakdown.
+
+    Works on CPU and CUDA. Parameters include buffers; ``other`` holds the temporaries of the backward
+    pass and of ``optimizer.step()``.
+    If the tracker fails (it is a private torch API), the step still runs and ``note`` says why.
+    """
+    try:
+        tracker = _memory_tracker_class()()
+        tracker.track_external(model, optimizer)
+    except Exception as exc:  # noqa: BLE001 - the tracker is optional; we report why it is missing
+        step()
+        return MemoryBreakdown(note=f"memory breakdown unavailable ({type(exc).__name__}: {exc})")
+    global _active_tracker
+    _active_tracker = tracker
+    try:
+        with tracker:
+            step()
+    finally:
+        _active_tracker = None
+    raw_peak = {}
+    for snap in tracker.get_tracker_snapshot("peak").values():
+        raw_peak = snap
+    at_peak = _by_category(raw_peak)
+    peaks = _by_category(tracker.category_peaks)
+    # MemTracker files everything allocated inside optimizer.step() as optimizer state, including the
+    # step's temporaries (foreach buffers). Keep "optimizer_state" for the persistent state, which we
+    # can count exactly, and move the temporaries to "other".
+    state = optimizer_state_bytes(optimizer)
+    for split in (peaks, at_peak):
+        temporaries = max(0, split["optimizer_state"] - state)
+        split["optimizer_state"] -= temporaries
+        split["other"] = max(split["other"], temporaries) if split is peaks else split["other"] + temporaries
+    return MemoryBreakdown(peak_by_category=peaks, at_peak=at_peak,
+                           total_peak_bytes=int(raw_peak.get("Total", sum(at_peak.values()))))
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's persistent state tensors (e.g. AdamW's exp_avg and exp_avg_sq)."""
+    seen, total = set(), 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value) and value.untyped_storage().data_ptr() not in seen:
+                seen.add(value.untyped_storage().data_ptr())
+                total += value.untyped_storage().nbytes()
+    return total
+
+
+def cuda_peak_memory(device: torch.device) -> tuple[int, int]:
+    """(max_memory_allocated, max_memory_reserved) since the last `reset_memory`."""
+    return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs, size, parameters
+
+
+def count_flops(step: Callable[[], object]) -> int:
+    """FLOPs of running ``step()`` once (matmuls and convolutions, forward and backward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return int(counter.get_total_flops())
+
+
+# Dense datasheet peaks in FLOP/s by GPU and the dtype of the matmuls. "fp32" is plain FP32 (CUDA
+# cores); "tf32" is float32 with TF32 tensor cores (Ampere+). Sparsity figures are not used.
+PEAK_FLOPS = {
+    "T4": {"fp32": 8.1e12, "fp16": 65e12},
+    "P100": {"fp32": 9.3e12, "fp16": 18.7e12},
+    "V100": {"fp32": 15.7e12, "fp16": 125e12},
+    "L4": {"fp32": 30.3e12, "tf32": 60e12, "fp16": 121e12, "bf16": 121e12},
+    "A10": {"fp32": 31.2e12, "tf32": 62.5e12, "fp16": 125e12, "bf16": 125e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12},
+    "H100": {"fp32": 67e12, "tf32": 494e12, "fp16": 989e12, "bf16": 989e12},
+    "H200": {"fp32": 67e12, "tf32": 494e12, "fp16": 989e12, "bf16": 989e12},
+}
+
+
+def peak_flops(gpu_name: str | None, precision: str, tf32: bool = False) -> float | None:
+    """Datasheet peak FLOP/s of ``gpu_name`` for ``precision`` (fp32/fp16/bf16); None when unknown.
+
+    Example:
+        >>> peak_flops("Tesla T4", "fp16")
+        65000000000000.0
+    """
+    if not gpu_name:
+        return None
+    key = "tf32" if precision == "fp32" and tf32 else precision
+    tokens = gpu_name.upper().replace("-", " ").split()  # "Tesla P100-PCIE-16GB" -> [..., "P100", ...]
+    for name, table in PEAK_FLOPS.items():
+        if name in tokens:
+            return table.get(key, table["fp32"] if key == "tf32" else None)
+    return None
+
+
+def model_size_bytes(model: torch.nn.Module) -> int:
+    """Size of the serialised ``state_dict`` (what ``torch.save`` writes), in bytes."""
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return buffer.tell()
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return total, trainable

@@ -1,0 +1,366 @@
+"""Models by name, their stages (stem ... head) for freezing, and pretrained weights with an offline path.
+
+Where the starting weights come from, in order (`build` reports which in `WeightsInfo`):
+
+1. ImageNet weights from torchvision, when online and torchvision has them for the model;
+2. labkit's own checkpoint in `checkpoint_dir()`, pretrained on the ``shapes_source`` task;
+3. random weights, with a loud warning.
+
+The classification head is always new: it is sized for, and trained on, the fine-tuning classes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .data import download_timeout
+from .errors import ChecksumError, ConfigError, LabkitError
+
+OFFLINE_ENV = "LABKIT_OFFLINE"
+CHECKPOINT_DIR_ENV = "LABKIT_CHECKPOINT_DIR"
+MANIFEST_NAME = "manifest.json"
+
+# Model name -> family; a family decides the stage layout.
+_FAMILIES = {
+    "small_cnn": "small_cnn",
+    "resnet18": "resnet",
+    "resnet50": "resnet",
+    "shufflenet_v2_x0_5": "shufflenet",
+    "shufflenet_v2_x1_0": "shufflenet",
+}
+
+
+def available() -> list[str]:
+    """The model names `build` accepts.
+
+    Example:
+        >>> labkit.models.available()[0]
+        'small_cnn'
+    """
+    return list(_FAMILIES)
+
+
+def is_online() -> bool:
+    """False when ``$LABKIT_OFFLINE`` is ``1``, ``true`` or ``yes``: then labkit downloads nothing."""
+    return os.environ.get(OFFLINE_ENV, "").strip().lower() not in ("1", "true", "yes")
+
+
+@dataclass
+class WeightsInfo:
+    """Where a model's starting weights came from.
+
+    Attributes:
+        source: ``imagenet``, ``labkit:<checkpoint file>`` or ``random``.
+        warning: why the weights are not what was asked for (None when they are).
+    """
+
+    source: str
+    warning: str | None = None
+
+
+# --- small_cnn ------------------------------------------------------------------------------------
+
+
+def _conv_bn_relu(in_channels: int, out_channels: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
+                         nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True))
+
+
+def _block(in_channels: int, out_channels: int) -> nn.Sequential:
+    # Downsample first (a strided conv), then work at the lower resolution: a quarter of the FLOPs
+    # of convolving at full resolution and pooling afterwards, which keeps CPU runs quick.
+    return nn.Sequential(_conv_bn_relu(in_channels, out_channels, stride=2),
+                         _conv_bn_relu(out_channels, out_channels))
+
+
+class SmallCNN(nn.Module):
+    """A compact CNN for 32x32 images (~0.29M parameters, ~12M multiply-adds per image).
+
+    Its children are exactly its stages: ``stem`` (conv-bn-relu), ``block1``..``block3`` (a stride-2
+    conv-bn-relu then a conv-bn-relu: 32 -> 16 -> 8 -> 4 pixels) and ``head`` (global average pool,
+    flatten, Linear).
+
+    Args:
+        num_classes: outputs of the head.
+        widths: channels of the stem and of each block.
+
+    Example:
+        >>> SmallCNN(10)(torch.zeros(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, num_classes: int, widths: tuple[int, int, int, int] = (24, 32, 64, 128)):
+        super().__init__()
+        self.stem = _conv_bn_relu(3, widths[0])
+        self.block1 = _block(widths[0], widths[1])
+        self.block2 = _block(widths[1], widths[2])
+        self.block3 = _block(widths[2], widths[3])
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(widths[3], num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block3(self.block2(self.block1(self.stem(x)))))
+
+
+# --- building -------------------------------------------------------------------------------------
+
+
+def _construct(name: str, num_classes: int) -> nn.Module:
+    if name == "small_cnn":
+        return SmallCNN(num_classes)
+    import torchvision
+
+    return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
+
+
+def _imagenet_weights(name: str):
+    """torchvision's default ImageNet weights for ``name``, or None (small_cnn has none)."""
+    if name == "small_cnn":
+        return None
+    import torchvision
+
+    return torchvision.models.get_model_weights(name).DEFAULT
+
+
+def build(name: str, num_classes: int, pretrained: bool = True) -> tuple[nn.Module, WeightsInfo]:
+    """Build model ``name`` with a new ``num_classes`` head, starting from the best weights available.
+
+    Pretrained weights, in order: ImageNet (online only), labkit's offline checkpoint, else random with a
+    warning. The head is always freshly initialised (seed torch before calling for a repeatable head).
+    The returned model keeps torchvision's module structure and records its name as ``model.labkit_name``.
+
+    Args:
+        name: one of `available()`.
+        num_classes: outputs of the classification head.
+        pretrained: False starts from random weights on purpose (no warning).
+
+    Example:
+        >>> model, weights = labkit.models.build("resnet18", num_classes=10)
+        >>> weights.source
+        'imagenet'
+    """
+    if name not in _FAMILIES:
+        raise ConfigError("model", name, f"one of {available()}")
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
+        raise ConfigError("num_classes", num_classes, "a positive integer (1, 2, 3, ...)")
+    if not isinstance(pretrained, bool):
+        raise ConfigError("pretrained", pretrained, "True or False")
+    model = _construct(name, num_classes)
+    model.labkit_name = name
+    if not pretrained:
+        return model, WeightsInfo("random")
+
+    reasons = []
+    imagenet = _imagenet_weights(name)
+    if imagenet is None:
+        reasons.append(f"torchvision has no ImageNet weights for {name}")
+    elif not is_online():
+        reasons.append(f"${OFFLINE_ENV} is set, so ImageNet weights were not downloaded")
+    else:
+        try:
+            with download_timeout():
+                state = imagenet.get_state_dict(progress=False, check_hash=True)
+        except Exception as exc:  # no network, a timeout, a proxy page instead of the file, a bad hash
+            reasons.append(f"the ImageNet weights could not be downloaded ({type(exc).__name__}: {exc})")
+        else:
+            _load_backbone(model, state, f"torchvision's {imagenet}")
+            return model, WeightsInfo("imagenet")
+
+    entry = _read_manifest().get(name)
+    if entry is not None and (checkpoint_dir() / entry["file"]).is_file():
+        _load_backbone(model, load_checkpoint(name), str(checkpoint_dir() / entry["file"]))
+        warning = None
+        if imagenet is not None and is_online():
+            warning = (f"labkit: {reasons[-1]}; {name} starts from labkit's offline checkpoint "
+                       f"{entry['file']} (pretrained on the shapes_source task, not ImageNet).")
+            warnings.warn(warning, stacklevel=2)
+        return model, WeightsInfo(f"labkit:{entry['file']}", warning)
+
+    reasons.append(f"labkit has no offline checkpoint for it in {checkpoint_dir()}")
+    fixes = "create one with `labkit pretrain`"
+    if imagenet is not None:
+        fixes = f"connect to the internet and unset ${OFFLINE_ENV} for ImageNet weights, or " + fixes
+    warning = (f"labkit: NO PRETRAINED WEIGHTS for {name}: {'; and '.join(reasons)}. Fine-tuning will start "
+               f"from RANDOM weights, so expect lower accuracy and slower progress than from a pretrained "
+               f"start. To fix: {fixes}; or pass pretrained=False to train from scratch on purpose.")
+    warnings.warn(warning, stacklevel=2)
+    return model, WeightsInfo("random", warning)
+
+
+def _load_backbone(model: nn.Module, state: dict, origin: str) -> None:
+    """Load every weight of ``state`` except the head's; the model's own (new) head is kept."""
+    head = _head_keys(model)
+    missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if k not in head}, strict=False)
+    missing = [k for k in missing if k not in head]
+    if missing or unexpected:
+        raise LabkitError(
+            f"the weights in {origin} do not fit {model.labkit_name}: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}. The checkpoint was made for another architecture: re-run `labkit pretrain`."
+        )
+
+
+# --- stages ---------------------------------------------------------------------------------------
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DistributedDataParallel / DataParallel wrapper or a torch.compile result."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _family(model: nn.Module) -> str | None:
+    family = _FAMILIES.get(getattr(model, "labkit_name", None))
+    if family is not None:
+        return family
+    if isinstance(model, SmallCNN):
+        return "small_cnn"
+    import torchvision
+
+    if isinstance(model, torchvision.models.ResNet):
+        return "resnet"
+    if isinstance(model, torchvision.models.ShuffleNetV2):
+        return "shufflenet"
+    return None
+
+
+def named_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's stages in order, stem first and head last; together they hold every parameter once.
+
+    A stage groups parameters (to freeze or inspect); calling the stages in a row is not the model's
+    forward for torchvision models (e.g. the ResNet head skips the flatten). The list is rebuilt on each
+    call, so it follows model surgery. Wrapped models (DDP, ``torch.compile``) are unwrapped.
+
+    Example:
+        >>> [name for name, _ in named_stages(build("resnet18", 10, pretrained=False)[0])]
+        ['stem', 'layer1', 'layer2', 'layer3', 'layer4', 'head']
+    """
+    m = _unwrap(model)
+    family = _family(m)
+    if family == "small_cnn":
+        return list(m.named_children())
+    if family == "resnet":
+        return [("stem", nn.Sequential(m.conv1, m.bn1, m.relu, m.maxpool)),
+                ("layer1", m.layer1), ("layer2", m.layer2), ("layer3", m.layer3), ("layer4", m.layer4),
+                ("head", nn.Sequential(m.avgpool, m.fc))]
+    if family == "shufflenet":
+        return [("stem", nn.Sequential(m.conv1, m.maxpool)), ("stage2", m.stage2), ("stage3", m.stage3),
+                ("stage4", m.stage4), ("conv5", m.conv5), ("head", m.fc)]
+    raise ConfigError("model", type(m).__name__,
+                      f"a model built by labkit.models.build (one of {available()}) to have named stages")
+
+
+def _head_keys(model: nn.Module) -> set[str]:
+    m = _unwrap(model)
+    head = named_stages(m)[-1][1]
+    head_tensors = {id(t) for t in [*head.parameters(), *head.buffers()]}
+    return {k for k, t in [*m.named_parameters(), *m.named_buffers()] if id(t) in head_tensors}
+
+
+# --- labkit checkpoints ---------------------------------------------------------------------------
+
+
+def checkpoint_dir() -> Path:
+    """Where labkit's own pretrained checkpoints and their ``manifest.json`` live.
+
+    ``$LABKIT_CHECKPOINT_DIR`` if set, else the package's ``assets/checkpoints`` (shipped with labkit).
+
+    Example:
+        >>> labkit.models.checkpoint_dir().name
+        'checkpoints'
+    """
+    if os.environ.get(CHECKPOINT_DIR_ENV):
+        return Path(os.environ[CHECKPOINT_DIR_ENV]).expanduser()
+    return Path(__file__).resolve().parent / "assets" / "checkpoints"
+
+
+def _read_manifest() -> dict:
+    path = checkpoint_dir() / MANIFEST_NAME
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text())
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_checkpoint(model: nn.Module, name: str, meta: dict) -> Path:
+    """Save ``model``'s weights without its head as ``<name>.pt`` and record its sha256 in ``manifest.json``.
+
+    Args:
+        model: a model from `build` (any wrapper is removed).
+        name: the checkpoint name; `build` looks a checkpoint up by the model name, e.g. ``small_cnn``.
+        meta: JSON-serialisable facts to record with it (task, steps, accuracy, ...).
+
+    Returns:
+        The path of the written ``.pt`` file.
+
+    Example:
+        >>> save_checkpoint(model, "small_cnn", {"task": "shapes_source", "val_accuracy": 0.97})
+    """
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ConfigError("name", name, "a file name of letters, digits, '_', '.' or '-'")
+    if not isinstance(meta, dict) or {"file", "sha256"} & set(meta):
+        raise ConfigError("meta", meta, "a dict without the keys 'file' and 'sha256' (labkit writes those)")
+    try:
+        json.dumps(meta)
+    except TypeError as exc:
+        raise ConfigError("meta", meta, f"JSON-serialisable values ({exc})") from exc
+    m = _unwrap(model)
+    head = _head_keys(m)
+    state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in m.state_dict().items() if k not in head}
+    directory = checkpoint_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    manifest = _read_manifest()
+    manifest[name] = {"file": path.name, "sha256": _sha256(path), **meta}
+    tmp = directory / (MANIFEST_NAME + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, directory / MANIFEST_NAME)
+    return path
+
+
+def load_checkpoint(name: str) -> dict:
+    """The state_dict (without head) of checkpoint ``name``, after checking its sha256 against the manifest.
+
+    Example:
+        >>> state = labkit.models.load_checkpoint("small_cnn")
+    """
+    manifest = _read_manifest()
+    manifest_path = checkpoint_dir() / MANIFEST_NAME
+    if name not in manifest:
+        raise ConfigError("checkpoint", name, f"one of {sorted(manifest)} (listed in {manifest_path})",
+                          "Create it with `labkit pretrain`")
+    entry = manifest[name]
+    path = checkpoint_dir() / entry["file"]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is listed in {manifest_path} but missing: re-run `labkit pretrain` "
+                                "or restore the file (e.g. `git checkout -- <path>`).")
+    actual = _sha256(path)
+    if actual != entry["sha256"]:
+        raise ChecksumError(
+            f"{path} is corrupted or was changed: its sha256 is {actual}, but {MANIFEST_NAME} expects "
+            f"{entry['sha256']}. Re-run `labkit pretrain` to rebuild it, or restore the file "
+            "(e.g. `git checkout -- <path>`)."
+        )
+    return torch.load(path, map_location="cpu", weights_only=True)

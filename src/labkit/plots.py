@@ -1,0 +1,439 @@
+"""The few chart kinds every notebook needs, one call each: `bar`, `line`, `loss_curve`, `memory_breakdown`.
+
+Each function draws on ``ax`` (or a new figure), returns the matplotlib Axes and never calls
+``plt.show()``: Jupyter displays the figure at the end of the cell. Metric columns are shown in
+display units (MiB, ms, %, TFLOP/s) with the unit on the axis; see `METRICS`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from typing import NamedTuple
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+
+from .errors import ConfigError
+from .result import MEMORY_CATEGORIES
+
+MiB = 2**20
+
+
+class Metric(NamedTuple):
+    """How a column is shown: axis ``label``, display ``unit`` and ``scale`` (display value = value * scale)."""
+
+    label: str
+    unit: str
+    scale: float
+
+
+METRICS: dict[str, Metric] = {
+    "step_time_s": Metric("step time", "ms", 1e3),
+    "time_s": Metric("time", "ms", 1e3),
+    "step_time_p10_s": Metric("step time, 10th percentile", "ms", 1e3),
+    "step_time_p90_s": Metric("step time, 90th percentile", "ms", 1e3),
+    "train_time_s": Metric("training time", "s", 1.0),
+    "throughput": Metric("throughput", "samples/s", 1.0),
+    "peak_memory_bytes": Metric("peak memory", "MiB", 1 / MiB),
+    "reserved_memory_bytes": Metric("reserved memory", "MiB", 1 / MiB),
+    "model_size_bytes": Metric("model size", "MiB", 1 / MiB),
+    "accuracy": Metric("accuracy", "%", 100.0),
+    "achieved_flops": Metric("achieved FLOP/s", "TFLOP/s", 1e-12),
+    "peak_flops": Metric("peak FLOP/s", "TFLOP/s", 1e-12),
+    "flops_per_step": Metric("FLOPs per step", "GFLOP", 1e-9),
+    "mfu": Metric("model FLOP utilisation", "% of peak", 100.0),
+    "num_params": Metric("parameters", "millions", 1e-6),
+    "num_trainable_params": Metric("trainable parameters", "millions", 1e-6),
+    "batch_size": Metric("batch size", "samples", 1.0),
+    "lr": Metric("learning rate", "", 1.0),
+    **{f"mem_{c}_bytes": Metric(f"memory: {c.replace('_', ' ')}", "MiB", 1 / MiB) for c in MEMORY_CATEGORIES},
+}
+
+_LIVE = "live"
+_REFERENCE = "reference"
+
+
+def metric(column: str) -> Metric:
+    """The `Metric` of ``column``; an unknown column is shown raw, labelled by its name.
+
+    Example:
+        >>> metric("peak_memory_bytes")
+        Metric(label='peak memory', unit='MiB', scale=9.5367431640625e-07)
+    """
+    return METRICS.get(column, Metric(column, "", 1.0))
+
+
+def axis_label(column: str) -> str:
+    """``"step time (ms)"`` for ``step_time_s``; the column name for unknown columns."""
+    m = metric(column)
+    return f"{m.label} ({m.unit})" if m.unit else m.label
+
+
+def bar(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.DataFrame | None = None,
+        ax=None, title: str | None = None):
+    """Grouped bars of metric ``y`` for each value of ``x``, one bar per ``hue`` value in each group.
+
+    Rows with an ``error`` (failed runs) or no value of ``y`` are skipped and counted in the title.
+    Several rows for the same (x, hue, source) are reduced to their median.
+
+    Args:
+        df: one row per run, e.g. from ``labkit.sweep``.
+        x: the categorical column along the axis (e.g. ``"precision"``).
+        y: the metric column (e.g. ``"step_time_s"``); shown in display units (ms, MiB, %, ...).
+        hue: a column splitting each group into bars (e.g. ``"batch_size"``), or None.
+        reference: results in the same shape measured elsewhere (e.g. ``labkit.load_reference(...)``),
+            drawn hatched next to the live bars, in the same colour for the same hue value.
+        ax: the Axes to draw on (default: a new figure). title: overrides the default title.
+
+    Returns:
+        The matplotlib Axes.
+
+    Example:
+        >>> ax = plots.bar(df, x="precision", y="step_time_s", hue="batch_size",
+        ...                reference=labkit.load_reference("01_mixed_precision"))
+    """
+    series, x_values, notes = _series(df, reference, x, y, hue, numeric_x=False)
+    ax = _axes(ax)
+    m = metric(y)
+    slots = {value: i for i, value in enumerate(x_values)}
+    colors = _colors([s["hue"] for s in series])
+    width = 0.8 / max(len(series), 1)
+    for i, s in enumerate(series):
+        positions = [slots[v] - 0.4 + width * (i + 0.5) for v in s["x"]]
+        heights = [v * m.scale for v in s["y"]]
+        style = dict(hatch="//", alpha=0.55, edgecolor="black") if s["reference"] else dict(edgecolor="black")
+        ax.bar(positions, heights, width=width, color=colors[s["hue"]], label=s["label"], linewidth=0.5, **style)
+    ax.set_xticks(range(len(x_values)))
+    ax.set_xticklabels([_fmt_value(v) for v in x_values])
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y))
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    _finish(ax, series, title or f"{m.label} by {metric(x).label}", notes)
+    return ax
+
+
+def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.DataFrame | None = None,
+         ax=None, title: str | None = None, logx: bool = False):
+    """Metric ``y`` against a numeric column ``x`` (e.g. batch size), one line per ``hue`` value.
+
+    Rows with an ``error`` or no value are skipped and counted in the title; duplicates are reduced
+    to their median.
+
+    Args:
+        df: one row per run, e.g. from ``labkit.sweep``.
+        x: a numeric column (e.g. ``"batch_size"``). y: the metric column (e.g. ``"throughput"``).
+        hue: a column giving one line per value (e.g. ``"precision"``), or None.
+        reference: results in the same shape measured elsewhere, drawn dashed in the same colours.
+        ax: the Axes to draw on (default: a new figure). title: overrides the default title.
+        logx: logarithmic x axis (base 2 when every x is a power of two, as batch sizes usually are).
+
+    Returns:
+        The matplotlib Axes.
+
+    Example:
+        >>> ax = plots.line(df, x="batch_size", y="throughput", hue="precision", logx=True)
+    """
+    series, x_values, notes = _series(df, reference, x, y, hue, numeric_x=True)
+    ax = _axes(ax)
+    m, mx = metric(y), metric(x)
+    colors = _colors([s["hue"] for s in series])
+    for s in series:
+        ax.plot([v * mx.scale for v in s["x"]], [v * m.scale for v in s["y"]], marker="o",
+                linestyle="--" if s["reference"] else "-", alpha=0.7 if s["reference"] else 1.0,
+                color=colors[s["hue"]], label=s["label"])
+    if logx:
+        powers_of_two = all(float(v).is_integer() and v > 0 and (int(v) & (int(v) - 1)) == 0 for v in x_values)
+        ax.set_xscale("log", base=2 if powers_of_two else 10)
+    if x_values and len(x_values) <= 12:
+        ax.set_xticks([v * mx.scale for v in x_values])
+        ax.set_xticklabels([_fmt_value(v) for v in x_values])
+        ax.minorticks_off()
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y))
+    ax.grid(alpha=0.3)
+    _finish(ax, series, title or f"{m.label} vs {mx.label}", notes)
+    return ax
+
+
+def loss_curve(results, ax=None):
+    """Training loss per optimizer step of one or more runs, each with a lighter raw line and a smoothed one.
+
+    The smoothed line (a trailing moving average over about a tenth of the run) carries the label;
+    runs with fewer than 10 steps get the raw line only. Runs without losses are skipped and
+    counted in the title.
+
+    Args:
+        results: a `RunResult`, a list of them (labelled by the config fields that differ) or a dict
+            label -> `RunResult`.
+        ax: the Axes to draw on (default: a new figure).
+
+    Returns:
+        The matplotlib Axes.
+
+    Example:
+        >>> ax = plots.loss_curve({"fp32": res_fp32, "bf16": res_bf16})
+    """
+    labelled = _labelled(results)
+    ax = _axes(ax)
+    colors = _colors(list(labelled))
+    skipped = []
+    drawn = 0
+    for label, res in labelled.items():
+        losses = np.asarray([math.nan if v is None else v for v in (_get(res, "losses") or [])], dtype=float)
+        if losses.size == 0:
+            skipped.append(label)
+            continue
+        steps = np.arange(1, losses.size + 1)
+        window = min(50, losses.size // 10)
+        if window < 2:
+            ax.plot(steps, losses, color=colors[label], label=label)
+        else:
+            ax.plot(steps, losses, color=colors[label], alpha=0.3, linewidth=1)
+            ax.plot(steps, _moving_average(losses, window), color=colors[label], linewidth=2, label=label)
+        drawn += 1
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.grid(alpha=0.3)
+    notes = [f"skipped (no losses): {', '.join(skipped)}"] if skipped else []
+    _finish(ax, [None] * drawn, "training loss", notes)
+    return ax
+
+
+def memory_breakdown(results, ax=None):
+    """Stacked bars of each run's memory by category (MiB), with the total peak marked.
+
+    Each segment is that category's own peak (``RunResult.memory``), in the order of
+    ``labkit.result.MEMORY_CATEGORIES``. The categories need not peak at the same moment, so the
+    stack can stand above the total-peak marker (``peak_memory_bytes``). Runs with an error or no
+    memory breakdown are skipped and counted in the title.
+
+    Args:
+        results: a `RunResult`, a list of them (labelled by the config fields that differ) or a dict
+            label -> `RunResult`.
+        ax: the Axes to draw on (default: a new figure).
+
+    Returns:
+        The matplotlib Axes.
+
+    Example:
+        >>> ax = plots.memory_breakdown({"fp32": res_fp32, "bf16": res_bf16})
+    """
+    labelled = _labelled(results)
+    ax = _axes(ax)
+    kept, skipped = {}, []
+    for label, res in labelled.items():
+        if _get(res, "error") or not _get(res, "memory"):
+            skipped.append(label)
+        else:
+            kept[label] = res
+    extra = sorted({c for res in kept.values() for c in _get(res, "memory")} - set(MEMORY_CATEGORIES))
+    categories = list(MEMORY_CATEGORIES) + extra
+    colors = _colors(categories)
+    positions = np.arange(len(kept))
+    bottoms = np.zeros(len(kept))
+    handles = []
+    for category in categories:
+        heights = np.array([(_get(res, "memory").get(category) or 0) / MiB for res in kept.values()])
+        handles.append(ax.bar(positions, heights, bottom=bottoms, width=0.6, color=colors[category],
+                              label=category.replace("_", " "), edgecolor="black", linewidth=0.5))
+        bottoms += heights
+    handles.reverse()  # the legend reads top-down, like the stack
+    peaks = [_get(res, "peak_memory_bytes") for res in kept.values()]
+    marked = [(p, v / MiB) for p, v in zip(positions, peaks, strict=True) if v is not None]
+    if marked:
+        xs, ys = zip(*marked, strict=True)
+        ax.plot(xs, ys, linestyle="none", marker="_", markersize=40, markeredgewidth=2.5, color="black",
+                label="total peak")
+        handles.append(Line2D([], [], linestyle="none", marker="_", markersize=12, markeredgewidth=2.5,
+                              color="black", label="total peak"))
+        for px, py in marked:
+            ax.annotate(f"peak {py:.3g} MiB", (px, py), textcoords="offset points", xytext=(0, 4),
+                        ha="center", fontsize="small")
+    ax.set_xticks(positions)
+    ax.set_xticklabels(list(kept))
+    ax.set_ylabel("memory (MiB)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    notes = [f"skipped (error or no breakdown): {', '.join(skipped)}"] if skipped else []
+    _finish(ax, [None] * len(kept), "memory by category", notes, handles if kept else None)
+    return ax
+
+
+def run_overview(result) -> None:
+    """One run at a glance, for a panel's ``show``: its headline numbers, loss curve and memory breakdown.
+
+    Example:
+        >>> ExperimentPanel(labkit.fit, {"batch_size": (16, 256, 16)}, show=plots.run_overview)
+    """
+    from .findings import headline
+
+    if getattr(result, "error", None):
+        print(f"run failed: {result.error}")
+        return
+    print(headline(result))
+    _, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    loss_curve(result, ax=left)
+    memory_breakdown(result, ax=right)
+    plt.tight_layout()
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _axes(ax):
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.2))
+    return ax
+
+
+def _finish(ax, drawn: list, title: str, notes: list[str], handles: list | None = None) -> None:
+    if not drawn:
+        notes = ["nothing to plot", *notes]
+    ax.set_title("\n".join([title, *notes]), fontsize="medium")
+    if handles:  # outside the axes, so it never hides a bar
+        ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+
+
+def _colors(keys: list) -> dict:
+    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    colors = {}
+    for key in keys:
+        if key not in colors:
+            colors[key] = cycle[len(colors) % len(cycle)]
+    return colors
+
+
+def _fmt_value(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _check_frame(df, name: str, columns: dict[str, str | None]) -> None:
+    if not isinstance(df, pd.DataFrame):
+        raise ConfigError(name, type(df).__name__, "a pandas DataFrame with one row per run (e.g. from labkit.sweep)")
+    available = [str(c) for c in df.columns]
+    for arg, column in columns.items():
+        if column is not None and column not in df.columns:
+            close = difflib.get_close_matches(str(column), available, n=1)
+            hint = f"Did you mean {close[0]!r}?" if close else ""
+            where = "" if name == "df" else f" of {name}"
+            raise ConfigError(arg, column, f"a column{where} (available: {', '.join(available)})", hint)
+
+
+def _failed(frame: pd.DataFrame) -> pd.Series:
+    if "error" not in frame.columns:
+        return pd.Series(False, index=frame.index)
+    errors = frame["error"]
+    return errors.notna() & (errors.astype(str).str.strip() != "")
+
+
+def _sort_key(values: list) -> list:
+    if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+        return sorted(values)
+    return values
+
+
+def _series(df, reference, x, y, hue, numeric_x: bool):
+    """Split the rows into drawable series: list of dicts (label, hue, reference, x, y), x values, notes."""
+    columns = {"x": x, "y": y, "hue": hue}
+    _check_frame(df, "df", columns)
+    frames = [(df, False)]
+    if reference is not None:
+        _check_frame(reference, "reference", columns)
+        frames.append((reference, True))
+    notes, failed_total, missing_total = [], 0, 0
+    rows = []
+    for frame, is_reference in frames:
+        failed = _failed(frame)
+        failed_total += int(failed.sum())
+        frame = frame[~failed]
+        values = pd.to_numeric(frame[y], errors="coerce")
+        missing = values.isna()
+        missing_total += int(missing.sum())
+        frame = frame.assign(_y=values)[~missing]
+        if numeric_x:
+            xs = pd.to_numeric(frame[x], errors="coerce")
+            if xs.isna().any():
+                bad = frame[x][xs.isna()].iloc[0]
+                raise ConfigError("x", x, "a numeric column for line() (use bar() for a categorical one)",
+                                  f"it holds {bad!r}")
+            frame = frame.assign(**{x: xs})
+        default_source = _REFERENCE if is_reference else _LIVE
+        sources = frame["source"].fillna(default_source) if "source" in frame.columns else default_source
+        frame = frame.assign(_source=sources, _hue=frame[hue] if hue else None)
+        for source, h, xv, yv in zip(frame["_source"].astype(str).tolist(), frame["_hue"].tolist(),
+                                     frame[x].tolist(), frame["_y"].tolist(), strict=True):
+            rows.append((is_reference or source.startswith(_REFERENCE), source, _none_if_nan(h), _none_if_nan(xv),
+                         yv))
+    if failed_total:
+        notes.append(f"{failed_total} failed run{'s' if failed_total > 1 else ''} skipped")
+    if missing_total:
+        notes.append(f"{missing_total} run{'s' if missing_total > 1 else ''} without {y} skipped")
+
+    x_values = _sort_key(list(dict.fromkeys(r[3] for r in rows)))
+    hues = _sort_key(list(dict.fromkeys(r[2] for r in rows)))
+    sources = list(dict.fromkeys((r[0], r[1]) for r in rows))  # live first, in order of appearance
+    sources.sort(key=lambda s: s[0])
+    several_sources = len(sources) > 1
+    series = []
+    for is_reference, source in sources:
+        for h in hues:
+            picked = [(r[3], r[4]) for r in rows if r[0] == is_reference and r[1] == source and r[2] == h]
+            if not picked:
+                continue
+            grouped = pd.DataFrame(picked, columns=["x", "y"]).groupby("x", sort=False)["y"].median()
+            xs = [v for v in x_values if v in grouped.index]
+            parts = [] if hue is None else [f"{hue}={_fmt_value(h)}"]
+            if several_sources or is_reference or hue is None:
+                parts.append(source)
+            series.append(dict(label=", ".join(parts), hue=h, reference=is_reference, x=xs,
+                               y=[float(grouped[v]) for v in xs]))
+    return series, x_values, notes
+
+
+def _none_if_nan(value):
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _get(res, name: str):
+    if isinstance(res, dict):
+        return res.get(name)
+    return getattr(res, name, None)
+
+
+def _labelled(results) -> dict:
+    if isinstance(results, dict) and "losses" not in results and "config" not in results:
+        return {str(k): v for k, v in results.items()}
+    if isinstance(results, (list, tuple)):
+        results = list(results)
+    else:
+        results = [results]
+    configs = [_get(r, "config") or {} for r in results]
+    keys = sorted({k for c in configs for k in c})
+    differing = [k for k in keys if len({repr(c.get(k)) for c in configs}) > 1]
+    labels = {}
+    for i, config in enumerate(configs):
+        if differing:
+            label = ", ".join(f"{k}={config.get(k)}" for k in differing)
+        elif len(results) == 1:
+            label = str(config.get("model", "run"))
+        else:
+            label = f"run {i}"
+        while label in labels:
+            label += "'"
+        labels[label] = results[i]
+    return labels
+
+
+def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over ``window`` steps (shorter at the start), ignoring NaN."""
+    series = pd.Series(values)
+    return series.rolling(window, min_periods=1).mean().to_numpy()

@@ -1,0 +1,24 @@
+"""Where labkit lives. The one place the repository URL is written: notebook badges and install cells
+are generated from it (``python scripts/sync_notebooks.py``) and a test checks that they agree."""
+
+REPO = "labkit-lab/labkit"
+BRANCH = "main"
+DISTRIBUTION = "labkit-finetune"  # the pip name; "labkit" on the package index is an unrelated project
+REPO_URL = f"https://github.com/{REPO}"
+
+
+def install_spec() -> str:
+    """What the Colab/Kaggle setup cell installs (pip keeps the preinstalled torch: loose lower bounds)."""
+    return f"{DISTRIBUTION} @ git+{REPO_URL}@{BRANCH}"
+
+
+def notebook_url(notebook: str) -> str:
+    return f"{REPO_URL}/blob/{BRANCH}/notebooks/{notebook}"
+
+
+def badges(notebook: str) -> str:
+    """Markdown for the "Open in Colab" and "Open in Kaggle" badges of ``notebook`` (a file name)."""
+    colab = f"https://colab.research.google.com/github/{REPO}/blob/{BRANCH}/notebooks/{notebook}"
+    kaggle = f"https://kaggle.com/kernels/welcome?src={notebook_url(notebook)}"
+    return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab}) "
+            f"[![Open In Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({kaggle})")

@@ -1,0 +1,174 @@
+"""Many runs -> one DataFrame: `sweep`, the per-run JSON cache, and reference results from real GPUs."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from . import __version__
+from .config import RunConfig, check_keys, field_names
+from .env import env_report, hardware_key, profile
+from .errors import ConfigError, LabkitError
+from .result import MEMORY_CATEGORIES, RunResult
+
+REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
+METRIC_COLUMNS = (
+    "precision_used", "steps", "timed_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s", "throughput",
+    "train_time_s", "peak_memory_bytes", "reserved_memory_bytes", "accuracy", "flops_per_step", "achieved_flops",
+    "peak_flops", "mfu", "model_size_bytes", "num_params", "num_trainable_params", "weights",
+)
+
+
+def results_dir() -> Path:
+    """Where finished runs are cached: ``<data cache>/results``."""
+    from .data import cache_dir
+
+    return cache_dir() / "results"
+
+
+def cache_key(cfg: RunConfig, env: dict) -> str:
+    """A run is reusable when the config, the hardware, torch, the profile and labkit's version match."""
+    blob = json.dumps({"config": cfg.to_dict(), "hardware": hardware_key(env), "labkit": __version__},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _write_atomic(path: Path, payload: dict) -> None:
+    # Write to a temporary file in the same folder, then rename: an interrupted run never leaves
+    # a half-written JSON behind, and finished runs are never lost.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cached_fit(cfg: RunConfig, refresh: bool = False, progress: bool = True, on_step=None) -> RunResult:
+    """`labkit.fit` with a per-run JSON cache; ``refresh=True`` reruns and overwrites.
+
+    Example:
+        >>> res = cached_fit(cfg)   # a second call returns the stored result at once
+    """
+    from .train import fit
+
+    env = env_report(cfg.device)
+    path = results_dir() / f"{cache_key(cfg, env)}.json"
+    if path.exists() and not refresh:
+        try:
+            return RunResult.from_dict(json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            path.unlink()  # unreadable (e.g. written by an older labkit): run again
+    result = fit(cfg, progress=progress, on_step=on_step)
+    _write_atomic(path, result.to_dict())
+    return result
+
+
+def to_row(result: RunResult, source: str = "live") -> dict:
+    """One DataFrame row: config fields, metrics, ``mem_<category>_bytes`` and provenance."""
+    row = dict(result.config)
+    for name in METRIC_COLUMNS:
+        row[name] = getattr(result, name)
+    for category in MEMORY_CATEGORIES:
+        row[f"mem_{category}_bytes"] = result.memory.get(category)
+    env = result.env
+    row.update(
+        device=env.get("device"), gpu=env.get("gpu"), torch=env.get("torch"), labkit=env.get("labkit"),
+        profile=env.get("profile"), repeats=result.timed_steps, source=source, error=result.error,
+    )
+    return row
+
+
+def to_frame(results: Iterable[RunResult], source: str = "live") -> pd.DataFrame:
+    """A DataFrame with one row per result."""
+    return pd.DataFrame([to_row(r, source) for r in results])
+
+
+def sweep(cfg: RunConfig, refresh: bool = False, progress: bool = True, **axes) -> pd.DataFrame:
+    """Run every combination of ``axes`` over ``cfg`` and return one row per run.
+
+    Finished runs are cached (see `cached_fit`); a run that fails (out of memory, non-finite loss)
+    becomes a row with its ``error`` instead of stopping the sweep. Invalid combinations are
+    rejected before anything runs.
+
+    Args:
+        cfg: the base config.
+        refresh: rerun even when a cached result exists.
+        **axes: RunConfig field -> list of values.
+
+    Example:
+        >>> df = labkit.sweep(cfg, batch_size=[32, 64, 128], precision=["fp32", "bf16"])
+    """
+    check_keys(axes, "sweep axis")
+    for name, values in axes.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise ConfigError(f"sweep axis {name}", values, "a list of values, e.g. [32, 64]")
+    names = list(axes)
+    configs = [cfg.replace(**dict(zip(names, combo, strict=True))) for combo in itertools.product(*axes.values())]
+    rows = []
+    for run_cfg in configs:
+        try:
+            result = cached_fit(run_cfg, refresh=refresh, progress=progress)
+        except (LabkitError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            _free_cuda_memory()
+            result = RunResult(config=run_cfg.to_dict(), env=dict(env_report(run_cfg.device)),
+                               error=f"{type(exc).__name__}: {exc}")
+        rows.append(to_row(result))
+    return pd.DataFrame(rows)
+
+
+def _free_cuda_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def load_reference(pattern: str = "*", **where) -> pd.DataFrame:
+    """Results measured on real GPUs, from ``src/labkit/assets/reference/<pattern>.json``.
+
+    Each file holds ``{"gpu", "date", "versions", "runs": [RunResult dicts]}``. Rows match `sweep`'s
+    shape with ``source = "reference: <gpu> <date>"``. ``where`` filters on config fields.
+
+    Example:
+        >>> ref = labkit.load_reference(model="small_cnn")
+    """
+    check_keys(where, "load_reference filter")
+    frames = []
+    for path in sorted(REFERENCE_DIR.glob(f"{pattern}.json")):
+        payload = json.loads(path.read_text())
+        source = f"reference: {payload.get('gpu', path.stem)} {payload.get('date', '')}".strip()
+        frames.append(to_frame((RunResult.from_dict(r) for r in payload.get("runs", [])), source=source))
+    if not frames:
+        return pd.DataFrame(columns=[*field_names(), *METRIC_COLUMNS, "source", "error"])
+    frame = pd.concat(frames, ignore_index=True)
+    for name, value in where.items():
+        frame = frame[frame[name] == value]
+    return frame.reset_index(drop=True)
+
+
+def write_reference(results: list[RunResult], path: Path, extras: dict | None = None) -> Path:
+    """Write results as a reference file labelled with GPU, date and versions (see `load_reference`)."""
+    import datetime
+
+    env = results[0].env if results else env_report()
+    payload = {
+        "gpu": env.get("gpu") or f"CPU ({env.get('cpu')})",
+        "date": datetime.date.today().isoformat(),
+        "profile": profile().name,
+        "versions": {k: env.get(k) for k in ("torch", "torchvision", "labkit", "python")},
+        "runs": [r.to_dict() for r in results],
+        "extras": extras or {},
+    }
+    _write_atomic(Path(path), payload)
+    return Path(path)

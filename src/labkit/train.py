@@ -1,0 +1,248 @@
+"""`fit(cfg) -> RunResult`: the one training loop every notebook uses.
+
+Order of steps in a run: ``warmup_steps`` plain steps (untimed), one step under the FLOP counter,
+one step under the memory tracker (both untimed, and real training steps), then the timed steps.
+Instruments never run inside a timed step.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from . import data, measure, models
+from .config import RunConfig
+from .env import env_report, profile, resolve_device, set_tf32
+from .errors import ConfigError, NonFiniteLossError
+from .result import RunResult
+from .techniques.precision import autocast, grad_scaler, resolve_precision
+
+PROFILING_STEPS = 2  # one FLOP-counting step, one memory-tracking step
+CHECK_LOSS_EVERY = 10  # reading the loss synchronises the GPU, so check it every few steps, not every step
+
+
+@functools.lru_cache(maxsize=4)
+def _splits(name: str, train_size: int, val_size: int, test_size: int) -> dict:
+    # Data is generated/loaded with a fixed seed so that runs with different seeds see the same data;
+    # cfg.seed changes initialisation of new layers and the order of batches.
+    return data.load_splits(name, train_size=train_size, val_size=val_size, test_size=test_size, seed=0)
+
+
+def build_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimizer named by ``cfg.optimizer`` over the trainable parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
+    return cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps_per_epoch
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, split: data.ImageData, cfg: RunConfig, device: torch.device,
+             precision) -> float:
+    """Accuracy of ``model`` on ``split`` (eval mode, autocast as in training)."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    loader = data.make_loader(split, batch_size=max(cfg.batch_size, 256), shuffle=False)
+    for images, labels in loader:
+        x = data.to_model_input(images, split, device, cfg.channels_last)
+        with autocast(precision, device):
+            logits = model(x)
+        correct += (logits.argmax(dim=1).cpu() == labels).sum().item()
+    model.train(was_training)
+    return correct / len(split)
+
+
+def _check_losses(losses: list, first_step: int, precision: str) -> None:
+    """Raise `NonFiniteLossError` at the first non-finite loss in ``losses`` (1-based steps from ``first_step``)."""
+    if not losses:
+        return
+    values = torch.stack(losses).float()
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
+        bad = int((~finite).nonzero()[0])
+        raise NonFiniteLossError(first_step + bad, float(values[bad]), precision)
+
+
+class Trainer:
+    """Everything one run needs, set up from a `RunConfig`: data, model, optimizer, precision, one step.
+
+    `fit` drives it; `timing_demo` reuses its step. Techniques plug in here through config fields.
+    """
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.profile = profile()
+        self.device = resolve_device(cfg.device)
+        self.env = env_report(cfg.device)
+        capability = torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None
+        self.precision = resolve_precision(cfg.precision, self.device, capability)
+        self.warnings: list[str] = []
+        if self.precision.warning:
+            warnings.warn(self.precision.warning, stacklevel=3)
+            self.warnings.append(self.precision.warning)
+        set_tf32(cfg.tf32)
+
+        train_size = cfg.train_size or self.profile.train_size
+        if cfg.batch_size > train_size:
+            raise ConfigError("batch_size", cfg.batch_size,
+                              f"at most train_size={train_size} (the training set's size)")
+        self.splits = _splits(cfg.dataset, train_size, self.profile.val_size, self.profile.test_size)
+        self.train_split = self.splits["train"]
+
+        torch.manual_seed(cfg.seed)
+        model, self.weights = models.build(cfg.model, self.train_split.num_classes, pretrained=cfg.pretrained)
+        if self.weights.warning:
+            self.warnings.append(self.weights.warning)
+        memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
+        self.model = model.to(self.device, memory_format=memory_format)
+        self.model.train()
+        self.optimizer = build_optimizer(cfg, self.model)
+        self.scaler = grad_scaler(self.precision, self.device)
+        self.loader = data.make_loader(self.train_split, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
+                                       drop_last=True, pin_memory=self.device.type == "cuda")
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One optimizer step over ``grad_accum`` micro-batches; returns the loss (a detached tensor)."""
+        cfg, device = self.cfg, self.device
+        x = data.to_model_input(images, self.train_split, device, cfg.channels_last)
+        y = labels.to(device, non_blocking=True)
+        step_loss = torch.zeros((), device=device)
+        for index, (micro_x, micro_y) in enumerate(zip(x.chunk(cfg.grad_accum), y.chunk(cfg.grad_accum), strict=True)):
+            if index:
+                measure.new_micro_batch()
+            with autocast(self.precision, device):
+                loss = F.cross_entropy(self.model(micro_x), micro_y) / cfg.grad_accum
+            self.scaler.scale(loss).backward()
+            step_loss += loss.detach().float()
+        if cfg.grad_clip is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return step_loss
+
+    def _record_step(self, losses: list, images: torch.Tensor, labels: torch.Tensor) -> None:
+        losses.append(self.step(images, labels))
+
+    def batches(self, steps: int):
+        """``steps`` training batches, starting a new (reshuffled) epoch when one runs out."""
+        count = 0
+        while count < steps:
+            for batch in self.loader:
+                yield batch
+                count += 1
+                if count == steps:
+                    return
+
+    def run(self, on_step: Callable[[int, int], None] | None = None, progress: bool = True) -> RunResult:
+        """Train and measure; see `fit`."""
+        cfg, device, prof = self.cfg, self.device, self.profile
+        steps = total_steps(cfg, len(self.loader))
+        untimed = prof.warmup_steps + PROFILING_STEPS
+        if steps <= untimed:
+            field = "max_steps" if cfg.max_steps is not None else "epochs"
+            raise ConfigError(field, getattr(cfg, field),
+                              f"enough for more than {untimed} optimizer steps ({prof.warmup_steps} warm-up + "
+                              f"{PROFILING_STEPS} profiling steps are never timed); this gives {steps}")
+        timer = measure.StepTimer(device)
+        losses: list[torch.Tensor] = []
+        flops = None
+        breakdown = measure.MemoryBreakdown(note="not measured")
+        bar = tqdm(total=steps, desc=f"{cfg.model} {self.precision.name} bs{cfg.batch_size}",
+                   disable=not progress or os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true"),
+                   leave=False)
+        measure.reset_memory(device)
+        start_wall = time.perf_counter()
+        for index, (images, labels) in enumerate(self.batches(steps)):
+            record_step = functools.partial(self._record_step, losses, images, labels)
+            if index == prof.warmup_steps:
+                flops = measure.count_flops(record_step)
+            elif index == prof.warmup_steps + 1:
+                breakdown = measure.track_step_memory(record_step, self.model, self.optimizer)
+                measure.reset_memory(device)  # CUDA peak statistics cover the timed steps only
+            elif index >= untimed:
+                timer.start()
+                record_step()
+                timer.stop()
+            else:
+                record_step()
+            done = index + 1
+            if done % CHECK_LOSS_EVERY == 0 or done == steps:
+                first = (done - 1) // CHECK_LOSS_EVERY * CHECK_LOSS_EVERY
+                _check_losses(losses[first:], first + 1, self.precision.name)
+            bar.update(1)
+            if on_step is not None:
+                on_step(done, steps)
+        measure.synchronize(device)
+        train_time_s = time.perf_counter() - start_wall
+        bar.close()
+        return self._result(steps, timer.times_s(), losses, flops, breakdown, train_time_s)
+
+    def _result(self, steps, times, losses, flops, breakdown, train_time_s) -> RunResult:
+        cfg, device = self.cfg, self.device
+        median, p10, p90 = measure.spread(times)
+        if device.type == "cuda":
+            peak, reserved = measure.cuda_peak_memory(device)
+        else:
+            peak, reserved = breakdown.total_peak_bytes, None
+        accuracy = evaluate(self.model, self.splits["test"], cfg, device, self.precision) if cfg.evaluate else None
+        num_params, num_trainable = measure.count_parameters(self.model)
+        achieved = flops / median if flops and median > 0 else None
+        peak_flops = measure.peak_flops(self.env.get("gpu"), self.precision.name, cfg.tf32)
+        result = RunResult(
+            config=cfg.to_dict(), env=dict(self.env), precision_used=self.precision.name, tf32=cfg.tf32,
+            steps=steps, timed_steps=len(times), step_time_s=median, step_time_p10_s=p10, step_time_p90_s=p90,
+            step_times_s=times, throughput=cfg.batch_size / median if median > 0 else math.nan,
+            train_time_s=train_time_s, peak_memory_bytes=peak, reserved_memory_bytes=reserved,
+            memory=breakdown.peak_by_category, memory_at_peak=breakdown.at_peak, memory_note=breakdown.note,
+            accuracy=accuracy, losses=[float(v) for v in torch.stack(losses).float().cpu()],
+            flops_per_step=flops, achieved_flops=achieved, peak_flops=peak_flops,
+            mfu=achieved / peak_flops if achieved and peak_flops else None,
+            model_size_bytes=measure.model_size_bytes(self.model), num_params=num_params,
+            num_trainable_params=num_trainable, weights=self.weights.source, warnings=list(self.warnings),
+        )
+        result.model = self.model
+        return result
+
+
+def fit(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, progress: bool = True) -> RunResult:
+    """Train ``cfg.model`` on ``cfg.dataset`` as ``cfg`` says and measure it.
+
+    Args:
+        cfg: the run.
+        on_step: called as ``on_step(step, total_steps)`` after each optimizer step (e.g. a widget bar).
+        progress: show a tqdm progress bar (``TQDM_DISABLE=1`` hides it too).
+
+    Returns:
+        A `RunResult`; the trained model is attached as ``result.model`` (not serialised).
+
+    Example:
+        >>> res = labkit.fit(labkit.RunConfig(model="small_cnn", max_steps=50))
+        >>> res.step_time_s, res.peak_memory_bytes, res.accuracy
+    """
+    return Trainer(cfg).run(on_step=on_step, progress=progress)
+
+
+def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> measure.TimingPitfalls:
+    """Time one training step of ``cfg`` cold, warm and synchronised, and warm without synchronising.
+
+    Example:
+        >>> tp = timing_demo(cfg); tp.cold_vs_warm, tp.unsynced_vs_synced
+    """
+    trainer = Trainer(cfg)
+    images, labels = next(iter(trainer.loader))
+    return measure.timing_pitfalls(lambda: trainer.step(images, labels), trainer.device, warmup, repeats)

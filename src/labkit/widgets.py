@@ -1,0 +1,217 @@
+"""`ExperimentPanel`: controls for a few `RunConfig` fields, a Run button, a progress bar and an output area.
+
+Notebook-only: this module imports ipywidgets, and ``labkit/__init__`` never imports it. Works with
+ipywidgets 7.7.1 (what Colab ships) and 8.x: only core widgets and arguments both versions share.
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+import numbers
+import sys
+import time
+import traceback
+
+import ipywidgets as widgets
+from IPython.display import display
+
+from .config import RunConfig, check_keys
+from .errors import ConfigError, LabkitError
+
+_WIDE = {"description_width": "initial"}
+CONTROL_KINDS = ("a list of values (dropdown), a (min, max, step) tuple of numbers (int or float slider) "
+                 "or a bool (checkbox)")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def make_control(name: str, spec, default=None):
+    """The widget for one control: list -> Dropdown, (min, max, step) -> IntSlider/FloatSlider, bool -> Checkbox.
+
+    Args:
+        name: the `RunConfig` field (the widget's description).
+        spec: a list of values; a tuple of 3 numbers ``(min, max, step)`` (all ints: IntSlider, else
+            FloatSlider); or a bool (the checkbox's initial state). Any other tuple is a list of values.
+        default: the initial value when it is allowed (a dropdown option, inside the slider's range);
+            otherwise the first option / the minimum.
+
+    Example:
+        >>> make_control("batch_size", (16, 256, 16), default=64).value
+        64
+    """
+    field = f"controls[{name!r}]"
+    if isinstance(spec, bool):
+        return widgets.Checkbox(value=spec, description=name, style=_WIDE)
+    if isinstance(spec, tuple) and len(spec) == 3 and all(_is_number(v) for v in spec):
+        low, high, step = spec
+        if not (low < high and 0 < step <= high - low):
+            raise ConfigError(field, spec, "a (min, max, step) tuple with min < max and 0 < step <= max - min",
+                              f"For a dropdown of these values pass a list: {list(spec)}")
+        value = default if _is_number(default) and low <= default <= high else low
+        if all(isinstance(v, numbers.Integral) for v in spec):
+            return widgets.IntSlider(value=int(value), min=int(low), max=int(high), step=int(step),
+                                     description=name, style=_WIDE, continuous_update=False)
+        return widgets.FloatSlider(value=float(value), min=float(low), max=float(high), step=float(step),
+                                   description=name, style=_WIDE, continuous_update=False)
+    if isinstance(spec, (list, tuple)) and len(spec) > 0:
+        options = list(spec)
+        value = default if any(default is o or (default == o and type(default) is type(o)) for o in options) \
+            else options[0]
+        # Explicit (label, value) pairs: a plain list whose values are 2-tuples would be read as pairs.
+        return widgets.Dropdown(options=[(str(o), o) for o in options], value=value, description=name,
+                                style=_WIDE)
+    raise ConfigError(field, spec, CONTROL_KINDS)
+
+
+class ExperimentPanel:
+    """Controls for a few `RunConfig` fields, a Run button, a progress bar, a status line and an output area.
+
+    Pressing Run builds ``base.replace(**control values)``, calls ``run(cfg)`` and draws what it
+    returns with ``show`` in the output area. Errors (a `ConfigError` from a bad combination, or
+    anything ``run`` raises) are caught, shown in red in the status line and kept in ``last_error``:
+    ipywidgets would otherwise swallow them silently. A click while a run is in progress is refused.
+
+    Args:
+        run: ``run(cfg) -> result`` (e.g. ``labkit.fit`` or a function returning a DataFrame). If it
+            takes a keyword ``on_step``, it receives ``panel.progress_callback`` to move the progress bar.
+        controls: `RunConfig` field -> a list of values (Dropdown), a ``(min, max, step)`` tuple (IntSlider
+            when all ints, else FloatSlider) or a bool (Checkbox, initially that value).
+        base: the `RunConfig` the controls override (default ``RunConfig()``); it also sets the
+            initial dropdown/slider values where they are allowed.
+        show: ``show(result)`` draws the result into the output area (default: ``display(result)``).
+            Matplotlib figures it leaves open are displayed and closed after it returns.
+        title: a heading above the controls.
+
+    Attributes:
+        controls (field -> widget), button, progress, status, output, widget (the whole panel);
+        running, last_result (of the last successful run), last_error (of the last run, or None).
+
+    Example:
+        >>> panel = ExperimentPanel(labkit.fit, {"precision": ["fp32", "bf16"], "batch_size": (16, 256, 16)},
+        ...                         base=labkit.RunConfig(max_steps=20),
+        ...                         show=lambda res: plots.loss_curve(res))
+        >>> panel   # last line of the cell: shows the panel
+    """
+
+    def __init__(self, run, controls: dict, base: RunConfig | None = None, show=None, title: str | None = None):
+        if not callable(run):
+            raise ConfigError("run", run, "a callable run(cfg) -> result, e.g. labkit.fit")
+        if not isinstance(controls, dict) or not controls:
+            raise ConfigError("controls", controls, "a non-empty dict of RunConfig field -> options")
+        check_keys(controls, "controls")
+        self.base = RunConfig() if base is None else base
+        if not isinstance(self.base, RunConfig):
+            raise ConfigError("base", self.base, "a labkit.RunConfig")
+        self.run = run
+        self.show = show if show is not None else display
+        self.controls = {name: make_control(name, spec, getattr(self.base, name)) for name, spec in controls.items()}
+        self.button = widgets.Button(description="Run", button_style="primary", tooltip="Train with these settings")
+        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="progress", style=_WIDE)
+        self.status = widgets.HTML(value="Set the controls and press <b>Run</b>.")
+        self.output = widgets.Output()
+        self.running = False
+        self.last_result = None
+        self.last_error: BaseException | None = None
+        self.button.on_click(lambda _button: self.click())
+        header = [widgets.HTML(value=f"<h3>{html.escape(title)}</h3>")] if title else []
+        self.widget = widgets.VBox(header + [
+            widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap")),
+            widgets.HBox([self.button, self.progress]),
+            self.status,
+            self.output,
+        ])
+        self._passes_on_step = _accepts_keyword(run, "on_step")
+
+    def config(self) -> RunConfig:
+        """``base`` with the controls' current values applied (validated: may raise `ConfigError`)."""
+        return self.base.replace(**{name: w.value for name, w in self.controls.items()})
+
+    def progress_callback(self, step: int, total: int | None = None) -> None:
+        """Move the progress bar to ``step`` of ``total``; ``run`` gets it as ``on_step`` when it accepts one."""
+        if total:
+            self.progress.max = int(total)
+        self.progress.value = min(int(step), self.progress.max)
+        done = f"step {int(step)}" + (f" of {int(total)}" if total else "")
+        self.status.value = f"Running: {done}"
+
+    def click(self) -> None:
+        """Do what pressing Run does (used by the button, and by tests)."""
+        if self.running:
+            self.status.value = ("<span style='color:#a60'>A run is already in progress: "
+                                 "wait for it to finish before pressing Run again.</span>")
+            return
+        self.running = True
+        self.button.disabled = True
+        self.last_error = None
+        self.progress.value = 0
+        self.output.clear_output()
+        start = time.perf_counter()
+        figures_before = _open_figures()
+        try:
+            cfg = self.config()
+            changed = ", ".join(f"{name}={getattr(cfg, name)!r}" for name in self.controls)
+            self.status.value = f"Running with {html.escape(changed)} ..."
+            kwargs = {"on_step": self.progress_callback} if self._passes_on_step else {}
+            result = self.run(cfg, **kwargs)
+            with self.output:
+                self.show(result)
+                _display_new_figures(figures_before)
+            self.last_result = result
+            self.progress.value = self.progress.max
+            self.status.value = f"Done in {time.perf_counter() - start:.1f} s ({html.escape(changed)})."
+        except Exception as error:  # shown in the panel: ipywidgets would swallow it
+            self.last_error = error
+            self.status.value = (f"<span style='color:#b00'><b>{type(error).__name__}:</b> "
+                                 f"{html.escape(str(error))}</span>")
+            if not isinstance(error, LabkitError):
+                with self.output:
+                    traceback.print_exc()
+        except KeyboardInterrupt as error:
+            self.last_error = error
+            self.status.value = "<span style='color:#b00'>Interrupted.</span>"
+            raise
+        finally:
+            self.running = False
+            self.button.disabled = False
+
+    def _ipython_display_(self, **kwargs):
+        display(self.widget)
+
+    def _repr_mimebundle_(self, **kwargs):
+        # ipywidgets 8 displays through _repr_mimebundle_, ipywidgets 7 through _ipython_display_.
+        bundle = getattr(self.widget, "_repr_mimebundle_", None)
+        if bundle is not None:
+            return bundle(**kwargs)
+        return {"text/plain": repr(self)}
+
+    def __repr__(self) -> str:
+        return f"ExperimentPanel(controls={list(self.controls)}, running={self.running})"
+
+
+def _accepts_keyword(func, name: str) -> bool:
+    try:
+        parameters = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+    param = parameters.get(name)
+    return param is not None and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+
+
+def _open_figures() -> set:
+    plt = sys.modules.get("matplotlib.pyplot")
+    return set() if plt is None else set(plt.get_fignums())
+
+
+def _display_new_figures(before: set) -> None:
+    """Display and close the matplotlib figures a run opened: a widget callback has no end-of-cell flush."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    for number in plt.get_fignums():
+        if number not in before:
+            figure = plt.figure(number)
+            display(figure)
+            plt.close(figure)

@@ -1,0 +1,50 @@
+import json
+
+import pytest
+import yaml
+
+from labkit import cli
+from labkit.errors import ConfigError
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"model": "small_cnn", "batch_size": 32, "max_steps": 6, "train_size": 128,
+                                    "device": "cpu"}))
+    return path
+
+
+def test_env(capsys):
+    assert cli.main(["env"]) == 0
+    assert "device" in capsys.readouterr().out
+
+
+def test_run_prints_table_and_json(config_file, capsys):
+    assert cli.main(["run", str(config_file)]) == 0
+    out = capsys.readouterr().out
+    payload = json.loads(out.strip().splitlines()[-1])
+    assert payload["config"]["batch_size"] == 32 and payload["step_time_s"] > 0
+    assert "step_time_s" in out.splitlines()[0] or "step_time_s" in out
+
+
+def test_sweep_with_set(config_file, capsys, tmp_path):
+    csv = tmp_path / "out.csv"
+    assert cli.main(["sweep", str(config_file), "--set", "batch_size=16,32", "--csv", str(csv)]) == 0
+    out = capsys.readouterr().out
+    assert "16" in out and "32" in out and csv.exists() and len(csv.read_text().splitlines()) == 3
+
+
+def test_parse_set():
+    assert cli._parse_set(["batch_size=16,32", "precision=fp32"]) == {"batch_size": [16, 32],
+                                                                       "precision": ["fp32"]}
+    with pytest.raises(ConfigError, match=r"--set='batch_size' is not allowed: FIELD=V1,V2"):
+        cli._parse_set(["batch_size"])
+
+
+def test_bad_config_exits_2_with_message(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch_size: 0\n")
+    assert cli.main(["run", str(bad)]) == 2
+    assert "batch_size=0 is not allowed" in capsys.readouterr().err
+    assert cli.main(["run", str(tmp_path / "missing.yaml")]) == 2

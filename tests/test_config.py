@@ -1,0 +1,89 @@
+import pytest
+import yaml
+
+import labkit
+from labkit.config import baseline, load_config, save_config
+from labkit.errors import ConfigError
+
+
+def test_defaults_are_valid_and_replace_validates():
+    cfg = labkit.RunConfig()
+    assert cfg.model == "small_cnn" and cfg.precision == "fp32" and cfg.grad_accum == 1
+    assert cfg.replace(batch_size=128).batch_size == 128
+    with pytest.raises(ConfigError, match=r"batch_size=0 is not allowed: a positive integer"):
+        cfg.replace(batch_size=0)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("model", "resnet9000", r"model='resnet9000' is not allowed: one of \[.*small_cnn"),
+    ("dataset", "imagenet", r"dataset='imagenet' is not allowed: one of \[.*shapes10"),
+    ("batch_size", 0, r"batch_size=0 is not allowed: a positive integer"),
+    ("batch_size", -8, r"batch_size=-8 is not allowed: a positive integer"),
+    ("batch_size", 32.5, r"batch_size=32.5 is not allowed: a positive integer"),
+    ("batch_size", True, r"batch_size=True is not allowed"),
+    ("lr", 0, r"lr=0 is not allowed: a number > 0"),
+    ("lr", -1e-3, r"lr=-0.001 is not allowed: a number > 0"),
+    ("precision", "fp8", r"precision='fp8' is not allowed: one of \['fp32', 'fp16', 'bf16', 'auto'\]"),
+    ("grad_accum", 0, r"grad_accum=0 is not allowed: a positive integer"),
+    ("optimizer", "lion", r"optimizer='lion' is not allowed: one of \['adamw', 'sgd'\]"),
+    ("device", "tpu", r"device='tpu' is not allowed"),
+    ("grad_clip", 0, r"grad_clip=0 is not allowed: None or a number > 0"),
+    ("max_steps", 0, r"max_steps=0 is not allowed: None or a positive integer"),
+    ("checkpointing", True, r"checkpointing=True is not allowed.*notebook 03"),
+    ("freeze", "head_only", r"freeze='head_only' is not allowed"),
+    ("pretrained", "yes", r"pretrained='yes' is not allowed: True or False"),
+])
+def test_bad_values_name_field_value_and_allowed(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        labkit.RunConfig(**{field: value})
+
+
+def test_grad_accum_must_divide_batch():
+    with pytest.raises(ConfigError, match=r"grad_accum=3 is not allowed: a divisor of batch_size=64"):
+        labkit.RunConfig(batch_size=64, grad_accum=3)
+    assert labkit.RunConfig(batch_size=64, grad_accum=4).grad_accum == 4
+
+
+def test_unknown_key_is_rejected_with_suggestion():
+    with pytest.raises(ConfigError, match=r"RunConfig key='batchsize' is not allowed.*Did you mean 'batch_size'"):
+        labkit.RunConfig().replace(batchsize=3)
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = labkit.RunConfig(batch_size=32, precision="bf16", lr=3e-4, max_steps=10)
+    path = save_config(cfg, tmp_path / "run.yaml")
+    assert load_config(path) == cfg
+
+
+def test_yaml_unknown_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"batch_size": 32, "learning_rate": 0.1}))
+    with pytest.raises(ConfigError, match=r"bad.yaml key='learning_rate' is not allowed: a RunConfig field"):
+        load_config(path)
+
+
+def test_yaml_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match=r"list.yaml='list' is not allowed: a YAML mapping"):
+        load_config(path)
+
+
+def test_yaml_bad_value_is_validated(tmp_path):
+    path = tmp_path / "zero.yaml"
+    path.write_text("batch_size: 0\n")
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        load_config(path)
+
+
+def test_empty_yaml_gives_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_config(path) == labkit.RunConfig()
+
+
+def test_baseline_follows_profile():
+    cfg = baseline(labkit.profile("quick"), batch_size=32)
+    assert cfg.max_steps == labkit.profile("quick").max_steps and cfg.batch_size == 32 and cfg.pretrained
+    with pytest.raises(ConfigError, match="baseline key='bs'"):
+        baseline(bs=3)

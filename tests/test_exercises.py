@@ -1,0 +1,84 @@
+"""Every exercise against its solution and a wrong answer. The solutions live here, not in labkit."""
+
+import numpy as np
+import pytest
+
+from labkit import exercises
+from labkit.errors import ConfigError
+from labkit.exercises import WrongAnswer, check
+
+SOLUTIONS = {
+    "00.throughput": 256 / 0.080,          # batch size / step time in seconds = 3200 samples/s
+    "00.mfu": 3.0e12 / 0.25 / 65e12,       # achieved FLOP/s / peak FLOP/s ~ 0.185
+}
+WRONG = {
+    "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
+    "00.mfu": (0.5, "achieved FLOP/s = FLOPs per step / step time"),
+}
+
+
+def test_every_exercise_has_a_solution_and_a_wrong_answer():
+    assert sorted(exercises.names()) == sorted(SOLUTIONS) == sorted(WRONG)
+
+
+@pytest.mark.parametrize("name", sorted(SOLUTIONS))
+def test_solution_passes(name, capsys):
+    message = check(name, SOLUTIONS[name])
+    assert message.startswith(f"{name}: correct")
+    assert message in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_wrong_answer_raises_with_hint(name):
+    answer, hint = WRONG[name]
+    with pytest.raises(WrongAnswer, match=f"{name}: .* is not right.*{hint}"):
+        check(name, answer)
+
+
+@pytest.mark.parametrize("name", sorted(SOLUTIONS))
+def test_none_is_not_attempted(name, capsys):
+    message = check(name, None)
+    assert message.startswith(f"{name}: not attempted yet")
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+def test_wrong_answer_is_an_assertion_error():
+    with pytest.raises(AssertionError):
+        check("00.throughput", 1.0)
+
+
+def test_rounded_and_numpy_answers_pass():
+    check("00.throughput", 3200)
+    check("00.throughput", np.float32(3200.0))
+    check("00.mfu", 0.18)  # two significant digits
+    check("00.mfu", np.array([0.1846]))
+
+
+def test_percent_instead_of_fraction():
+    with pytest.raises(WrongAnswer, match="give a fraction, not a percent"):
+        check("00.mfu", 100 * SOLUTIONS["00.mfu"])
+
+
+def test_non_number_answer():
+    with pytest.raises(WrongAnswer, match="expected a number, got str"):
+        check("00.throughput", "3200")
+
+
+def test_unknown_name_lists_exercises():
+    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu'\]"):
+        check("00.speed", 1)
+    with pytest.raises(ConfigError, match="one of"):
+        exercises.question("nope")
+
+
+def test_question_text():
+    assert exercises.question("00.throughput") == (
+        "A training step on a batch of 256 images takes a median of 80 ms. What is the throughput in samples/s?")
+    assert "3e12 FLOPs" in exercises.question("00.mfu")
+    assert "65e12 FLOP/s" in exercises.question("00.mfu")
+
+
+def test_feedback_is_not_echoed_twice_by_jupyter():
+    message = check("00.throughput", None)
+    assert isinstance(message, str)
+    assert message._ipython_display_() is None

@@ -1,0 +1,120 @@
+import io
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+from labkit import measure
+
+
+def test_step_timer_cpu_measures_each_step():
+    timer = measure.StepTimer(torch.device("cpu"))
+    for delay in (0.01, 0.02):
+        timer.start()
+        time.sleep(delay)
+        timer.stop()
+    first, second = timer.times_s()
+    assert 0.009 < first < second and second >= 0.019
+
+
+def test_spread_median_and_deciles():
+    median, p10, p90 = measure.spread([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert median == 3.0 and p10 < 2.0 and p90 > 4.0
+    assert all(v != v for v in measure.spread([]))  # NaN
+    assert measure.spread([0.5]) == (0.5, 0.5, 0.5)
+
+
+@pytest.mark.parametrize("name, precision, tf32, expected", [
+    ("Tesla T4", "fp16", False, 65e12),
+    ("Tesla T4", "fp32", True, 8.1e12),          # no TF32 before Ampere
+    ("Tesla P100-PCIE-16GB", "fp16", False, 18.7e12),
+    ("NVIDIA A100-SXM4-40GB", "bf16", False, 312e12),
+    ("NVIDIA A100-SXM4-40GB", "fp32", True, 156e12),
+    ("NVIDIA H200", "bf16", False, 989e12),
+    ("Tesla T4", "bf16", False, None),          # emulated: no datasheet figure
+    ("Some Future GPU", "fp16", False, None),
+    (None, "fp32", False, None),
+])
+def test_peak_flops_table(name, precision, tf32, expected):
+    assert measure.peak_flops(name, precision, tf32) == expected
+
+
+def test_model_size_is_serialised_bytes_and_parameter_counts():
+    model = nn.Sequential(nn.Linear(100, 50), nn.Linear(50, 10))
+    model[0].weight.requires_grad_(False)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    assert measure.model_size_bytes(model) == len(buffer.getvalue())
+    assert measure.count_parameters(model) == (100 * 50 + 50 + 50 * 10 + 10, 50 + 50 * 10 + 10)
+
+
+def test_count_flops_linear_forward_and_backward():
+    layer = nn.Linear(64, 32, bias=False)
+    x = torch.randn(8, 64)
+    flops = measure.count_flops(lambda: layer(x).sum().backward())
+    # forward 2*B*in*out; backward only the weight gradient (x needs no grad): another 2*B*in*out
+    assert flops == 2 * (2 * 8 * 64 * 32)
+
+
+def test_track_step_memory_categories():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+    opt = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    def step():
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # create the optimizer state first, as fit's warm-up does
+    mem = measure.track_step_memory(step, model, opt)
+    param_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert mem.note is None
+    assert mem.peak_by_category["parameters"] == param_bytes
+    assert mem.peak_by_category["gradients"] == param_bytes
+    # AdamW keeps exp_avg and exp_avg_sq (fp32, same shapes) plus a small step counter per tensor
+    assert 2 * param_bytes <= mem.peak_by_category["optimizer_state"] <= 2 * param_bytes + 4 * 64
+    # activations: at least the hidden layer's output (64 x 512 floats)
+    assert mem.peak_by_category["activations"] >= 64 * 512 * 4
+    assert mem.total_peak_bytes == sum(mem.at_peak.values())
+    assert mem.peak_by_category["other"] > 0  # the optimizer step's temporaries moved here
+    assert mem.total_peak_bytes <= sum(mem.peak_by_category.values())
+
+
+def test_track_step_memory_falls_back_with_a_note(monkeypatch):
+    def broken():
+        raise RuntimeError("tracker unavailable")
+
+    monkeypatch.setattr(measure, "_memory_tracker_class", broken)
+    ran = []
+    mem = measure.track_step_memory(lambda: ran.append(1), nn.Linear(2, 2), torch.optim.SGD(nn.Linear(2, 2).parameters()))
+    assert ran == [1] and mem.total_peak_bytes is None and "tracker unavailable" in mem.note
+
+
+def test_measure_latency_excludes_warmup_and_restores_mode():
+    calls = []
+
+    class Slow(nn.Module):
+        def forward(self, x):
+            calls.append(self.training)
+            time.sleep(0.05 if len(calls) == 1 else 0.001)  # only the first call is slow
+            return x
+
+    model = Slow().train()
+    lat = measure.measure_latency(model, torch.zeros(1), warmup=2, repeats=5)
+    assert len(lat.times_s) == 5 and lat.median_s < 0.02
+    assert calls == [False] * 7 and model.training
+
+
+def test_timing_pitfalls_cold_call_is_slowest():
+    state = {"n": 0}
+
+    def fn():
+        state["n"] += 1
+        time.sleep(0.05 if state["n"] == 1 else 0.002)
+
+    tp = measure.timing_pitfalls(fn, torch.device("cpu"), warmup=2, repeats=5)
+    assert tp.first_call_s > 0.04 and tp.warm_median_s < 0.02 and tp.cold_vs_warm > 2
+    assert state["n"] == 1 + 2 + 5 + 5 and tp.device == "cpu"

@@ -1,0 +1,204 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from labkit import plots  # noqa: E402
+from labkit.errors import ConfigError  # noqa: E402
+from labkit.result import MEMORY_CATEGORIES, RunResult  # noqa: E402
+
+MiB = 2**20
+REF = "reference: A100 2024-05-01"
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture
+def df():
+    return pd.DataFrame({
+        "precision": ["fp32", "bf16", "fp32", "bf16", "fp16"],
+        "batch_size": [32, 32, 64, 64, 64],
+        "step_time_s": [0.100, 0.050, 0.200, 0.100, np.nan],
+        "peak_memory_bytes": [10 * MiB, 6 * MiB, 20 * MiB, 12 * MiB, None],
+        "accuracy": [0.5, 0.52, 0.61, 0.6, None],
+        "source": "live",
+        "error": [None, None, None, None, "ConfigError: fp16 needs a GPU"],
+    })
+
+
+@pytest.fixture
+def reference():
+    return pd.DataFrame({
+        "precision": ["fp32", "bf16"],
+        "batch_size": [64, 64],
+        "step_time_s": [0.010, 0.004],
+        "peak_memory_bytes": [30 * MiB, 18 * MiB],
+        "accuracy": [0.6, 0.6],
+        "source": REF,
+        "error": [None, None],
+    })
+
+
+def bars(ax):
+    """(x centre, height, hatch) of each bar, in drawing order."""
+    return [(round(p.get_x() + p.get_width() / 2, 6), round(p.get_height(), 6), p.get_hatch()) for p in ax.patches]
+
+
+def test_metrics_table_gives_units():
+    assert plots.axis_label("step_time_s") == "step time (ms)"
+    assert plots.axis_label("peak_memory_bytes") == "peak memory (MiB)"
+    assert plots.axis_label("throughput") == "throughput (samples/s)"
+    assert plots.axis_label("accuracy") == "accuracy (%)"
+    assert plots.axis_label("achieved_flops") == "achieved FLOP/s (TFLOP/s)"
+    assert plots.axis_label("mem_optimizer_state_bytes") == "memory: optimizer state (MiB)"
+    assert plots.axis_label("my_metric") == "my_metric"
+    assert plots.metric("achieved_flops").scale == 1e-12
+
+
+def test_bar_heights_in_display_units_and_failed_row_skipped(df):
+    ax = plots.bar(df, x="precision", y="step_time_s", hue="batch_size")
+    # fp16 failed: only fp32 and bf16 groups, 2 batch sizes each; heights in ms.
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "bf16"]
+    assert sorted(h for _, h, _ in bars(ax)) == [50.0, 100.0, 100.0, 200.0]
+    assert {(x, h) for x, h, _ in bars(ax)} == {(-0.2, 100.0), (0.8, 50.0), (0.2, 200.0), (1.2, 100.0)}
+    assert ax.get_ylabel() == "step time (ms)"
+    assert ax.get_xlabel() == "precision"
+    assert "1 failed run skipped" in ax.get_title()
+    assert ax.get_legend_handles_labels()[1] == ["batch_size=32", "batch_size=64"]
+
+
+def test_bar_reference_is_hatched_and_labelled(df, reference):
+    ax = plots.bar(df, x="precision", y="peak_memory_bytes", hue="batch_size", reference=reference)
+    drawn = bars(ax)
+    assert len(drawn) == 6
+    hatched = [(h, hatch) for _, h, hatch in drawn if hatch]
+    assert sorted(h for h, _ in hatched) == [18.0, 30.0]  # MiB
+    assert all(hatch == "//" for _, hatch in hatched)
+    labels = ax.get_legend_handles_labels()[1]
+    assert f"batch_size=64, {REF}" in labels
+    assert "batch_size=64, live" in labels
+    assert ax.get_ylabel() == "peak memory (MiB)"
+
+
+def test_bar_without_hue_and_accuracy_in_percent(df):
+    ax = plots.bar(df, x="precision", y="accuracy")
+    # duplicates of the same (x, hue) are reduced to their median
+    assert sorted(h for _, h, _ in bars(ax)) == [55.5, 56.0]
+    assert ax.get_ylabel() == "accuracy (%)"
+
+
+def test_bar_draws_given_axes_and_unknown_column_raw():
+    data = pd.DataFrame({"model": ["a", "b"], "score": [3.0, 4.0]})
+    fig, ax = plt.subplots()
+    assert plots.bar(data, x="model", y="score", ax=ax, title="scores") is ax
+    assert [h for _, h, _ in bars(ax)] == [3.0, 4.0]
+    assert ax.get_ylabel() == "score"
+    assert ax.get_title() == "scores"
+
+
+def test_bar_all_failed_does_not_crash():
+    data = pd.DataFrame({"precision": ["fp16"], "step_time_s": [np.nan], "error": ["out of memory"]})
+    ax = plots.bar(data, x="precision", y="step_time_s")
+    assert bars(ax) == []
+    assert "nothing to plot" in ax.get_title()
+
+
+def test_bad_column_raises_with_available_columns(df, reference):
+    with pytest.raises(ConfigError, match=r"y='step_time' is not allowed: a column \(available: .*step_time_s"):
+        plots.bar(df, x="precision", y="step_time")
+    with pytest.raises(ConfigError, match="Did you mean 'step_time_s'"):
+        plots.line(df, x="batch_size", y="step_time")
+    with pytest.raises(ConfigError, match="x='batchsize'"):
+        plots.line(df, x="batchsize", y="step_time_s")
+    with pytest.raises(ConfigError, match="hue='dtype'"):
+        plots.bar(df, x="precision", y="step_time_s", hue="dtype")
+    with pytest.raises(ConfigError, match="a column of reference"):
+        plots.bar(df, x="precision", y="step_time_s", reference=reference.drop(columns="step_time_s"))
+    with pytest.raises(ConfigError, match="a pandas DataFrame"):
+        plots.bar([1, 2], x="precision", y="step_time_s")
+
+
+def test_line_one_line_per_hue_reference_dashed(df, reference):
+    ax = plots.line(df, x="batch_size", y="step_time_s", hue="precision", reference=reference, logx=True)
+    lines = {line.get_label(): line for line in ax.lines}
+    assert set(lines) == {"precision=fp32, live", "precision=bf16, live",
+                          f"precision=fp32, {REF}", f"precision=bf16, {REF}"}
+    fp32 = lines["precision=fp32, live"]
+    assert list(fp32.get_xdata()) == [32, 64]
+    assert list(fp32.get_ydata()) == pytest.approx([100.0, 200.0])
+    assert fp32.get_linestyle() == "-"
+    ref = lines[f"precision=bf16, {REF}"]
+    assert ref.get_linestyle() == "--"
+    assert list(ref.get_ydata()) == pytest.approx([4.0])
+    assert ref.get_color() == lines["precision=bf16, live"].get_color()
+    assert ax.get_xscale() == "log"
+    assert ax.get_xlabel() == "batch size (samples)"
+    assert ax.get_ylabel() == "step time (ms)"
+    assert "1 failed run skipped" in ax.get_title()
+
+
+def test_line_needs_numeric_x(df):
+    with pytest.raises(ConfigError, match="a numeric column for line"):
+        plots.line(df, x="precision", y="step_time_s")
+
+
+def result(label_precision, losses=(), memory=None, peak=None, error=None):
+    return RunResult(config={"model": "small_cnn", "precision": label_precision}, losses=list(losses),
+                     memory=memory or {}, peak_memory_bytes=peak, error=error)
+
+
+def test_loss_curve_raw_and_smoothed_lines():
+    losses = np.linspace(2.0, 0.5, 40).tolist()
+    ax = plots.loss_curve([result("fp32", losses), result("bf16", losses[:5])])
+    # 40 steps: raw + smoothed; 5 steps: raw only.
+    assert len(ax.lines) == 3
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["precision=fp32", "precision=bf16"]
+    raw = ax.lines[0]
+    assert list(raw.get_ydata()) == pytest.approx(losses)
+    assert list(raw.get_xdata()) == list(range(1, 41))
+    assert ax.get_xlabel() == "optimizer step"
+    assert "loss" in ax.get_ylabel()
+
+
+def test_loss_curve_single_result_and_dict():
+    ax = plots.loss_curve(result("fp32", [1.0, 0.8]))
+    assert ax.get_legend_handles_labels()[1] == ["small_cnn"]
+    ax = plots.loss_curve({"mine": result("fp32", [1.0, 0.8]), "failed": result("fp16", error="NaN loss")})
+    assert ax.get_legend_handles_labels()[1] == ["mine"]
+    assert "failed" in ax.get_title()
+
+
+def test_memory_breakdown_stacks_categories_in_order():
+    memory = {c: (i + 1) * MiB for i, c in enumerate(MEMORY_CATEGORIES)}
+    half = {c: v // 2 for c, v in memory.items()}
+    ax = plots.memory_breakdown({"fp32": result("fp32", memory=memory, peak=12 * MiB),
+                                 "bf16": result("bf16", memory=half, peak=6 * MiB),
+                                 "oom": result("fp16", error="out of memory")})
+    assert len(ax.patches) == 2 * len(MEMORY_CATEGORIES)
+    fp32 = [p for p in ax.patches if abs(p.get_x() + p.get_width() / 2) < 1e-9]
+    assert [p.get_height() for p in fp32] == pytest.approx([1, 2, 3, 4, 5])
+    assert [p.get_y() for p in fp32] == pytest.approx([0, 1, 3, 6, 10])
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [c.replace("_", " ") for c in reversed(MEMORY_CATEGORIES)] + ["total peak"]
+    peak = next(line for line in ax.lines if line.get_label() == "total peak")
+    assert list(peak.get_ydata()) == pytest.approx([12.0, 6.0])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "bf16"]
+    assert ax.get_ylabel() == "memory (MiB)"
+    assert "oom" in ax.get_title()
+
+
+def test_plots_never_show(monkeypatch, df):
+    monkeypatch.setattr(plt, "show", lambda *a, **k: pytest.fail("plt.show() called"))
+    plots.bar(df, x="precision", y="step_time_s")
+    plots.line(df, x="batch_size", y="throughput" if "throughput" in df else "step_time_s")
+    plots.loss_curve(result("fp32", [1.0]))
+    plots.memory_breakdown(result("fp32", memory={"parameters": MiB}))

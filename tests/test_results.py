@@ -1,0 +1,112 @@
+import json
+
+import pandas as pd
+import pytest
+
+import labkit
+from labkit import results
+from labkit.errors import ConfigError, NonFiniteLossError
+from labkit.result import RunResult
+
+
+@pytest.fixture
+def fake_fit(monkeypatch, tmp_path):
+    """Replace training with a fast fake that records the configs it ran."""
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    ran = []
+
+    def fit(cfg, progress=True, on_step=None):
+        ran.append(cfg)
+        if cfg.batch_size == 999:
+            raise NonFiniteLossError(3, float("nan"), cfg.precision)
+        return RunResult(config=cfg.to_dict(), env=dict(labkit.env_report()), step_time_s=0.01 * cfg.batch_size,
+                         throughput=100.0, accuracy=0.5, memory={"activations": cfg.batch_size * 10},
+                         timed_steps=4)
+
+    monkeypatch.setattr("labkit.train.fit", fit)
+    return ran
+
+
+def test_sweep_product_rows_and_provenance(fake_fit, tiny_cfg):
+    df = labkit.sweep(tiny_cfg, batch_size=[16, 32], precision=["fp32", "bf16"])
+    assert isinstance(df, pd.DataFrame) and len(df) == 4 and len(fake_fit) == 4
+    assert sorted(zip(df.batch_size, df.precision, strict=True)) == [
+        (16, "bf16"), (16, "fp32"), (32, "bf16"), (32, "fp32")]
+    for column in ("device", "torch", "labkit", "profile", "seed", "repeats", "source", "error"):
+        assert column in df
+    assert set(df.source) == {"live"} and df.profile.eq("ci").all() and df.error.isna().all()
+    assert list(df.mem_activations_bytes) == [bs * 10 for bs in df.batch_size]
+
+
+def test_sweep_reuses_cache_and_refresh_reruns(fake_fit, tiny_cfg):
+    labkit.sweep(tiny_cfg, batch_size=[16, 32])
+    labkit.sweep(tiny_cfg, batch_size=[16, 32])
+    assert len(fake_fit) == 2
+    df = labkit.sweep(tiny_cfg, batch_size=[16, 32], refresh=True)
+    assert len(fake_fit) == 4 and list(df.step_time_s) == pytest.approx([0.16, 0.32])
+    assert len(list(results.results_dir().glob("*.json"))) == 2
+
+
+def test_failed_run_becomes_a_row(fake_fit, tiny_cfg):
+    df = labkit.sweep(tiny_cfg.replace(train_size=1000), batch_size=[16, 999])
+    assert len(df) == 2
+    assert df.error.iloc[0] is None or pd.isna(df.error.iloc[0])
+    assert "NonFiniteLossError" in df.error.iloc[1] and "step 3" in df.error.iloc[1]
+    assert len(list(results.results_dir().glob("*.json"))) == 1  # failures are not cached
+
+
+def test_sweep_bad_axes(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"sweep axis key='batchsize' is not allowed.*Did you mean 'batch_size'"):
+        labkit.sweep(tiny_cfg, batchsize=[1, 2])
+    with pytest.raises(ConfigError, match=r"sweep axis batch_size=32 is not allowed: a list of values"):
+        labkit.sweep(tiny_cfg, batch_size=32)
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        labkit.sweep(tiny_cfg, batch_size=[32, 0])
+
+
+def test_cache_key_depends_on_config_and_hardware(tiny_cfg):
+    env = dict(labkit.env_report())
+    key = results.cache_key(tiny_cfg, env)
+    assert key == results.cache_key(tiny_cfg, dict(env))
+    assert key != results.cache_key(tiny_cfg.replace(seed=1), env)
+    assert key != results.cache_key(tiny_cfg, {**env, "gpu": "Tesla T4", "device": "cuda"})
+
+
+def test_interrupted_write_keeps_the_previous_result(tmp_path, monkeypatch):
+    path = tmp_path / "run.json"
+    results._write_atomic(path, {"ok": 1})
+
+    def explode(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.json, "dump", explode)
+    with pytest.raises(KeyboardInterrupt):
+        results._write_atomic(path, {"ok": 2})
+    assert json.loads(path.read_text()) == {"ok": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_corrupt_cache_file_is_rerun(fake_fit, tiny_cfg):
+    results.cached_fit(tiny_cfg)
+    (path,) = results.results_dir().glob("*.json")
+    path.write_text(json.dumps({"not": "a result"}))
+    results.cached_fit(tiny_cfg)
+    assert len(fake_fit) == 2
+
+
+def test_reference_results_load_in_sweep_shape(tmp_path, monkeypatch, tiny_cfg):
+    monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path)
+    run = RunResult(config=tiny_cfg.to_dict(), env={"device": "cuda", "gpu": "Tesla T4"}, step_time_s=0.02)
+    results.write_reference([run], tmp_path / "tesla-t4-2026-11-30.json")
+    ref = labkit.load_reference()
+    assert len(ref) == 1 and ref.source.iloc[0].startswith("reference: Tesla T4 ")
+    assert ref.step_time_s.iloc[0] == 0.02 and ref.model.iloc[0] == "small_cnn"
+    assert len(labkit.load_reference(model="resnet18")) == 0
+    with pytest.raises(ConfigError, match="load_reference filter key='gpu_name'"):
+        labkit.load_reference(gpu_name="T4")
+
+
+def test_no_reference_gives_empty_frame_with_columns(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path)
+    ref = labkit.load_reference()
+    assert ref.empty and "step_time_s" in ref and "source" in ref

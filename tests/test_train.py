@@ -1,0 +1,91 @@
+import json
+
+import pytest
+import torch
+
+import labkit
+from labkit import train
+from labkit.errors import ConfigError, NonFiniteLossError
+from labkit.result import MEMORY_CATEGORIES
+
+
+def test_fit_measures_everything(tiny_cfg):
+    res = labkit.fit(tiny_cfg)
+    prof = labkit.profile()
+    untimed = prof.warmup_steps + train.PROFILING_STEPS
+    assert res.ok and res.steps == 6 and len(res.losses) == 6
+    assert res.timed_steps == 6 - untimed == len(res.step_times_s)
+    assert res.step_time_s > 0 and res.step_time_p10_s <= res.step_time_s <= res.step_time_p90_s
+    assert res.throughput == pytest.approx(tiny_cfg.batch_size / res.step_time_s)
+    assert set(res.memory) == set(MEMORY_CATEGORIES) and res.memory["activations"] > 0
+    assert res.memory["parameters"] == sum(p.numel() * 4 for p in res.model.parameters()) + sum(
+        b.numel() * b.element_size() for b in res.model.buffers())
+    assert res.peak_memory_bytes == sum(res.memory_at_peak.values()) and res.reserved_memory_bytes is None
+    assert res.flops_per_step > 0 and res.achieved_flops == pytest.approx(res.flops_per_step / res.step_time_s)
+    assert res.peak_flops is None and res.mfu is None  # CPU: no datasheet peak
+    assert 0.0 <= res.accuracy <= 1.0
+    assert res.num_params == res.num_trainable_params > 0 and res.model_size_bytes > 4 * res.num_params
+    assert res.precision_used == "fp32" and res.tf32 is False and res.env["device"] == "cpu"
+    payload = json.loads(json.dumps(res.to_dict()))
+    assert labkit.RunResult.from_dict(payload).to_dict() == res.to_dict()
+
+
+def test_flops_per_step_scale_with_batch(tiny_cfg):
+    small = labkit.fit(tiny_cfg.replace(evaluate=False))
+    large = labkit.fit(tiny_cfg.replace(batch_size=64, evaluate=False))
+    assert large.flops_per_step == 2 * small.flops_per_step
+
+
+def test_loss_falls_and_accuracy_beats_chance(tiny_cfg):
+    res = labkit.fit(tiny_cfg.replace(max_steps=40, train_size=512, lr=2e-3))
+    first, last = sum(res.losses[:5]) / 5, sum(res.losses[-5:]) / 5
+    assert last < 0.8 * first
+    assert res.accuracy > 0.2  # chance is 0.1
+
+
+def test_fit_is_deterministic_for_a_seed(tiny_cfg):
+    a, b = labkit.fit(tiny_cfg), labkit.fit(tiny_cfg)
+    c = labkit.fit(tiny_cfg.replace(seed=1))
+    assert a.losses == b.losses and a.losses != c.losses
+
+
+def test_bf16_and_grad_accum_and_clip_run(tiny_cfg):
+    res = labkit.fit(tiny_cfg.replace(precision="bf16", grad_accum=2, grad_clip=1.0))
+    assert res.precision_used == "bf16" and all(torch.isfinite(torch.tensor(res.losses)))
+
+
+def test_non_finite_loss_stops_and_names_the_step(tiny_cfg, monkeypatch):
+    real = train.F.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 5 else loss
+
+    monkeypatch.setattr(train.F, "cross_entropy", poisoned)
+    with pytest.raises(NonFiniteLossError, match=r"the loss became nan at step 5 .*lower the learning rate"):
+        labkit.fit(tiny_cfg)
+
+
+def test_too_few_steps_for_timing(tiny_cfg):
+    untimed = labkit.profile().warmup_steps + train.PROFILING_STEPS
+    with pytest.raises(ConfigError, match=rf"max_steps={untimed} is not allowed: enough for more than {untimed}"):
+        labkit.fit(tiny_cfg.replace(max_steps=untimed))
+
+
+def test_batch_larger_than_dataset(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"batch_size=256 is not allowed: at most train_size=128"):
+        labkit.fit(tiny_cfg.replace(batch_size=256))
+
+
+def test_on_step_callback_and_epochs(tiny_cfg):
+    seen = []
+    res = labkit.fit(tiny_cfg.replace(max_steps=None, epochs=2), on_step=lambda s, n: seen.append((s, n)))
+    per_epoch = 128 // 32
+    assert res.steps == 2 * per_epoch and seen[-1] == (2 * per_epoch, 2 * per_epoch) and len(seen) == res.steps
+
+
+def test_timing_demo(tiny_cfg):
+    tp = train.timing_demo(tiny_cfg, warmup=1, repeats=3)
+    assert tp.repeats == 3 and tp.warm_median_s > 0 and tp.first_call_s > 0 and tp.device == "cpu"

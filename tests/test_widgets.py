@@ -1,0 +1,160 @@
+"""ExperimentPanel without a kernel or training. Also run under ipywidgets 7.7.1 by tests/widgets_ipywidgets7.sh."""
+
+import ipywidgets
+import pytest
+
+from labkit.config import RunConfig
+from labkit.errors import ConfigError
+from labkit.widgets import ExperimentPanel, make_control
+
+CONTROLS = {"precision": ["fp32", "bf16"], "batch_size": (16, 256, 16), "lr": (1e-4, 1e-2, 1e-4),
+            "channels_last": False}
+
+
+class FakeRun:
+    """Records the configs it is called with; returns a small table (no training)."""
+
+    def __init__(self, error=None):
+        self.configs, self.error = [], error
+
+    def __call__(self, cfg):
+        self.configs.append(cfg)
+        if self.error:
+            raise self.error
+        return {"batch_size": cfg.batch_size, "step_time_s": 0.01}
+
+
+def make_panel(run=None, **kwargs):
+    shown = []
+    panel = ExperimentPanel(run or FakeRun(), CONTROLS, base=RunConfig(max_steps=4), show=shown.append, **kwargs)
+    return panel, shown
+
+
+def test_each_control_kind_maps_to_its_widget():
+    panel, _ = make_panel()
+    assert type(panel.controls["precision"]) is ipywidgets.Dropdown
+    assert type(panel.controls["batch_size"]) is ipywidgets.IntSlider
+    assert type(panel.controls["lr"]) is ipywidgets.FloatSlider
+    assert type(panel.controls["channels_last"]) is ipywidgets.Checkbox
+    assert isinstance(panel.button, ipywidgets.Button)
+    assert isinstance(panel.progress, ipywidgets.IntProgress)
+    assert isinstance(panel.status, ipywidgets.HTML)
+    assert isinstance(panel.output, ipywidgets.Output)
+    assert isinstance(panel.widget, ipywidgets.VBox)
+    # initial values come from base where allowed
+    assert panel.controls["batch_size"].value == 64
+    assert panel.controls["precision"].value == "fp32"
+    assert panel.controls["lr"].value == pytest.approx(1e-3)
+    assert panel.controls["batch_size"].description == "batch_size"
+
+
+def test_click_runs_with_control_values_and_shows_result():
+    run = FakeRun()
+    panel, shown = make_panel(run)
+    panel.controls["precision"].value = "bf16"
+    panel.controls["batch_size"].value = 128
+    panel.controls["channels_last"].value = True
+    assert panel.config() == RunConfig(max_steps=4, precision="bf16", batch_size=128, lr=1e-3,
+                                       channels_last=True)
+    panel.click()
+    assert run.configs == [panel.config()]
+    assert run.configs[0].max_steps == 4  # base kept
+    assert panel.last_result == {"batch_size": 128, "step_time_s": 0.01}
+    assert shown == [panel.last_result]
+    assert panel.last_error is None
+    assert not panel.running and not panel.button.disabled
+    assert "Done" in panel.status.value
+    assert panel.progress.value == panel.progress.max
+
+
+def test_button_press_is_click():
+    run = FakeRun()
+    panel, _ = make_panel(run)
+    panel.button.click()  # what the browser triggers
+    assert len(run.configs) == 1
+
+
+def test_run_error_is_caught_and_shown():
+    run = FakeRun(error=RuntimeError("CUDA out of memory"))
+    panel, shown = make_panel(run)
+    panel.click()  # must not raise: ipywidgets would swallow it
+    assert isinstance(panel.last_error, RuntimeError)
+    assert "CUDA out of memory" in panel.status.value
+    assert "color:#b00" in panel.status.value
+    assert shown == [] and panel.last_result is None
+    assert not panel.running and not panel.button.disabled
+
+
+def test_bad_combination_is_a_config_error_in_the_status():
+    run = FakeRun()
+    panel = ExperimentPanel(run, {"batch_size": [30, 32], "grad_accum": [1, 4]}, show=lambda r: None)
+    panel.controls["batch_size"].value = 30
+    panel.controls["grad_accum"].value = 4
+    panel.click()
+    assert isinstance(panel.last_error, ConfigError)
+    assert "grad_accum=4 is not allowed" in panel.status.value
+    assert run.configs == []
+    # a later good run clears the error
+    panel.controls["batch_size"].value = 32
+    panel.click()
+    assert panel.last_error is None and len(run.configs) == 1
+
+
+def test_click_while_running_is_refused():
+    run = FakeRun()
+    panel, shown = make_panel(run)
+    panel.running = True
+    panel.click()
+    assert run.configs == [] and shown == []
+    assert "already in progress" in panel.status.value
+
+
+def test_progress_callback_passed_as_on_step():
+    seen = []
+
+    def run(cfg, on_step=None):
+        for step in range(1, 5):
+            on_step(step, 4)
+            seen.append((panel.progress.value, panel.progress.max))
+        return "done"
+
+    panel = ExperimentPanel(run, {"batch_size": [32, 64]}, show=lambda r: None)
+    panel.click()
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert panel.last_result == "done"
+
+
+def test_default_show_displays_the_result(capsys):
+    panel = ExperimentPanel(lambda cfg: f"result for batch {cfg.batch_size}", {"batch_size": [32, 64]})
+    panel.click()
+    # Outside a kernel the Output area passes display() through to stdout.
+    assert "result for batch 64" in capsys.readouterr().out
+
+
+def test_unknown_control_field_lists_runconfig_fields():
+    with pytest.raises(ConfigError, match=r"controls key='batchsize' is not allowed: a RunConfig field \(model, "
+                                          r".*Did you mean 'batch_size'"):
+        ExperimentPanel(FakeRun(), {"batchsize": [32, 64]})
+
+
+def test_bad_control_specs():
+    with pytest.raises(ConfigError, match=r"controls\['batch_size'\].*pass a list: \[32, 64, 128\]"):
+        make_control("batch_size", (32, 64, 128))
+    with pytest.raises(ConfigError, match="a list of values"):
+        make_control("precision", "fp32")
+    with pytest.raises(ConfigError, match="a list of values"):
+        make_control("precision", [])
+
+
+def test_dropdown_keeps_value_types():
+    dropdown = make_control("max_steps", [None, 10, 20], default=20)
+    assert dropdown.value == 20
+    assert make_control("max_steps", [None, 10], default=5).value is None
+
+
+def test_panel_displays_as_its_widget():
+    panel, _ = make_panel(title="Mixed precision")
+    assert hasattr(panel, "_ipython_display_")
+    bundle = panel._repr_mimebundle_()
+    assert "text/plain" in bundle
+    assert "Mixed precision" in panel.widget.children[0].value
