@@ -241,3 +241,15 @@ def test_cifar10_loads_from_disk_in_the_real_format(tmp_path, monkeypatch):
 def test_cifar10_missing_without_download_says_what_to_do(tmp_path):
     with pytest.raises(DatasetUnavailableError, match=r"download=False.*cifar-10-batches-py.*shapes10"):
         data.load_splits("cifar10", 10, 10, 10, root=tmp_path / "empty", download=False)
+
+
+def test_cifar10_offline_never_tries_the_network(tmp_path, monkeypatch):
+    import socket
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("labkit tried the network while $LABKIT_OFFLINE is set")
+
+    monkeypatch.setenv("LABKIT_OFFLINE", "1")
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    with pytest.raises(DatasetUnavailableError, match=r"LABKIT_OFFLINE is set.*shapes10"):
+        data.load_splits("cifar10", 10, 10, 10, root=tmp_path / "offline", download=True)

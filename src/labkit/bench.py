@@ -17,11 +17,18 @@ from .train import fit, timing_demo
 
 def run_bench(out_dir: Path | None = None, profile_name: str = "full") -> Path:
     """Run the baseline fine-tune and the timing demo; write and return the reference JSON's path."""
-    os.environ[PROFILE_ENV] = profile_name
-    prof = profile()
-    cfg = baseline(prof)
-    result = fit(cfg)
-    pitfalls = timing_demo(cfg, repeats=prof.repeats)
+    previous = os.environ.get(PROFILE_ENV)
+    os.environ[PROFILE_ENV] = profile_name  # fit reads the profile from the environment
+    try:
+        prof = profile()
+        cfg = baseline(prof)
+        result = fit(cfg)
+        pitfalls = timing_demo(cfg, repeats=prof.repeats)
+    finally:
+        if previous is None:
+            os.environ.pop(PROFILE_ENV, None)
+        else:
+            os.environ[PROFILE_ENV] = previous
     name = result.env.get("gpu") or "cpu"
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     path = (out_dir or REFERENCE_DIR) / f"{slug}-{datetime.date.today().isoformat()}.json"

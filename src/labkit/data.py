@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
+from .env import is_online
 from .errors import ConfigError, DatasetUnavailableError
 
 DATA_DIR_ENV = "LABKIT_DATA_DIR"
@@ -354,6 +355,7 @@ def _shapes_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 
 def _load_cifar10(sizes: dict, seed: int, root: Path, download: bool) -> dict[str, ImageData]:
+    download = download and is_online()  # $LABKIT_OFFLINE: use what is on disk, never try the network
     train_images, train_labels, classes = _cifar10_arrays(str(root), True, download)
     num_train = len(train_labels)
     if sizes["train"] + sizes["val"] > num_train:
@@ -384,7 +386,7 @@ def _cifar10_arrays(root: str, train: bool, download: bool) -> tuple[torch.Tenso
             dataset = torchvision.datasets.CIFAR10(root=root, train=train, download=download)
     except Exception as exc:  # network errors, timeouts, a corrupt archive, or missing files
         how = (f"could not be downloaded ({type(exc).__name__}: {exc})" if download
-               else "is not there and download=False")
+               else "is not on disk and downloading is off (download=False, or $LABKIT_OFFLINE is set)")
         raise DatasetUnavailableError(
             f"CIFAR-10 {how}. labkit looked in {root}. No network? Download {CIFAR10_URL} elsewhere and put "
             f"the extracted 'cifar-10-batches-py' folder in {root} (or point ${DATA_DIR_ENV} at the folder "

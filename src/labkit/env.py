@@ -12,6 +12,7 @@ import torch
 from .errors import ConfigError
 
 PROFILE_ENV = "LABKIT_PROFILE"
+OFFLINE_ENV = "LABKIT_OFFLINE"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ def detect_platform() -> str:
     if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or os.path.isdir("/kaggle/working"):
         return "kaggle"
     return "local"
+
+
+def is_online() -> bool:
+    """False when ``$LABKIT_OFFLINE`` is ``1``, ``true`` or ``yes``: then labkit downloads nothing."""
+    return os.environ.get(OFFLINE_ENV, "").strip().lower() not in ("1", "true", "yes")
 
 
 def resolve_device(device: str = "auto") -> torch.device:

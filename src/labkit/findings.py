@@ -36,9 +36,9 @@ def timing(tp: TimingPitfalls) -> str:
                 "when the clock stopped. With larger batches or models the gap opens; synchronise anyway.")
     else:
         lines.append(
-            f"On the CPU every operation finishes before the next starts, so the unsynchronised reading "
-            f"({tp.unsynced_median_s * 1e3:.2f} ms) matches the synchronised one ({ratio:.2f}x). On a GPU, "
-            "kernels run asynchronously and an unsynchronised clock can read far too little.")
+            f"On the CPU there is nothing to synchronise: an operation has finished when it returns, so both "
+            f"readings time the same work and differ only by noise (unsynchronised {tp.unsynced_median_s * 1e3:.2f} ms, "
+            f"{ratio:.2f}x). On a GPU, kernels run asynchronously and an unsynchronised clock can read far too little.")
     return "\n".join(lines)
 
 

@@ -76,9 +76,12 @@ def synchronize(device: torch.device) -> None:
 
 
 def reset_memory(device: torch.device) -> None:
-    """Start a clean measurement: collect garbage, empty the CUDA cache, reset peak statistics."""
-    gc.collect()
+    """Start a clean CUDA measurement: collect garbage, empty the cache, reset peak statistics.
+
+    On CPU there is nothing to reset: labkit's CPU peak comes from the memory tracker's own count.
+    """
     if torch.device(device).type == "cuda":
+        gc.collect()  # drop unreachable tensors so that empty_cache can return their blocks
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)

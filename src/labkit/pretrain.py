@@ -16,7 +16,7 @@ from .train import fit
 # Per-model recipe: enough steps to learn the source task well on a 2-core CPU in a few minutes.
 RECIPES = {
     "small_cnn": {"batch_size": 128, "lr": 1e-3, "max_steps": 1500, "train_size": 16000},
-    "shufflenet_v2_x0_5": {"batch_size": 128, "lr": 1e-3, "max_steps": 1500, "train_size": 16000},
+    "shufflenet_v2_x0_5": {"batch_size": 128, "lr": 2e-3, "max_steps": 1000, "train_size": 16000},
 }
 SOURCE_DATASET = "shapes_source"
 

@@ -1,0 +1,53 @@
+from labkit import findings
+from labkit.measure import TimingPitfalls
+from labkit.result import RunResult
+
+
+def test_timing_on_gpu_flags_an_unsynchronised_clock():
+    tp = TimingPitfalls(first_call_s=0.5, warm_median_s=0.010, unsynced_median_s=0.001, device="cuda", repeats=10)
+    text = findings.timing(tp)
+    assert "50.0x the warm median of 10.00 ms" in text and "only 0.10x the real time" in text
+    assert "starting CUDA" in text
+
+
+def test_timing_on_gpu_when_cpu_bound_says_so():
+    tp = TimingPitfalls(first_call_s=0.5, warm_median_s=0.010, unsynced_median_s=0.0095, device="cuda", repeats=10)
+    assert "the CPU side was the bottleneck" in findings.timing(tp)
+
+
+def test_timing_on_cpu_explains_there_is_nothing_to_synchronise():
+    tp = TimingPitfalls(first_call_s=0.05, warm_median_s=0.010, unsynced_median_s=0.011, device="cpu", repeats=10)
+    text = findings.timing(tp)
+    assert "nothing to synchronise" in text and "1.10x" in text and "CUDA" not in text
+
+
+def _result(**overrides):
+    values = dict(config={"model": "small_cnn", "dataset": "shapes10"}, steps=20, timed_steps=16,
+                  step_time_s=0.04, step_time_p10_s=0.035, step_time_p90_s=0.05, throughput=1600.0,
+                  peak_memory_bytes=31 * 2**20, accuracy=0.695, model_size_bytes=2**20, num_params=295490,
+                  num_trainable_params=295490, flops_per_step=4.47e9, achieved_flops=1.1e11,
+                  memory={"parameters": 2**20, "gradients": 2**20, "optimizer_state": 2 * 2**20,
+                          "activations": 26 * 2**20, "other": 12 * 2**20})
+    values.update(overrides)
+    return RunResult(**values)
+
+
+def test_headline_states_the_measured_numbers():
+    text = findings.headline(_result())
+    assert "median 40.00 ms" in text and "16 timed steps; 4 warm-up" in text and "1600 samples/s" in text
+    assert "31.00 MiB" in text and "69.5%" in text and "295,490 parameters" in text
+    assert "no datasheet peak" in text
+    text = findings.headline(_result(reserved_memory_bytes=40 * 2**20, mfu=0.012, precision_used="bf16"))
+    assert "max_memory_allocated" in text and "1.2% of this GPU's bf16 datasheet peak" in text
+
+
+def test_memory_reports_reserved_gap_on_gpu_and_largest_category():
+    text = findings.memory(_result(reserved_memory_bytes=40 * 2**20))
+    assert "reserved 40.00 MiB" in text and "held 9.00 MiB" in text and "The largest is activations" in text
+    assert "no caching allocator" in findings.memory(_result())
+
+
+def test_compare_accuracy():
+    a, b = _result(accuracy=0.98), _result(accuracy=0.5)
+    assert findings.compare("pretrained", a, "scratch", b) == (
+        "pretrained: 98.0% vs scratch: 50.0% after the same 20 steps (+48.0 percentage points).")
