@@ -89,13 +89,15 @@ def test_is_online_reads_labkit_offline(monkeypatch, value, online):
     assert models.is_online() is online
 
 
-@pytest.mark.parametrize("name, reason", [("small_cnn", "torchvision has no ImageNet weights for small_cnn"),
-                                          ("resnet18", r"\$LABKIT_OFFLINE is set")])
-def test_pretrained_offline_without_checkpoint_warns_and_is_random(name, reason):
+@pytest.mark.parametrize("name, reason, fix", [
+    ("small_cnn", "torchvision has no ImageNet weights for small_cnn", "`labkit pretrain small_cnn`"),
+    ("resnet18", r"\$LABKIT_OFFLINE is set", "use a model labkit ships weights for (small_cnn, shufflenet_v2_x0_5)"),
+])
+def test_pretrained_offline_without_checkpoint_warns_and_is_random(name, reason, fix):
     with pytest.warns(UserWarning, match=f"NO PRETRAINED WEIGHTS for {name}: {reason}.*RANDOM weights"):
         _, weights = models.build(name, 10, pretrained=True)
     assert weights.source == "random"
-    assert "labkit has no offline checkpoint" in weights.warning and "labkit pretrain" in weights.warning
+    assert "labkit has no offline checkpoint" in weights.warning and fix in weights.warning
 
 
 def _trained_bn(model):

@@ -39,6 +39,10 @@ _FAMILIES = {
 }
 
 
+# Models small enough (a few MB) for labkit to ship offline checkpoints of (`labkit pretrain`).
+SHIPPED_CHECKPOINTS = ("small_cnn", "shufflenet_v2_x0_5")
+
+
 def available() -> list[str]:
     """The model names `build` accepts.
 
@@ -189,9 +193,14 @@ def build(name: str, num_classes: int, pretrained: bool = True) -> tuple[nn.Modu
         return model, WeightsInfo(f"labkit:{entry['file']}", warning)
 
     reasons.append(f"labkit has no offline checkpoint for it in {checkpoint_dir()}")
-    fixes = "create one with `labkit pretrain`"
+    fixes = []
     if imagenet is not None:
-        fixes = f"connect to the internet and unset ${OFFLINE_ENV} for ImageNet weights, or " + fixes
+        fixes.append(f"connect to the internet and unset ${OFFLINE_ENV} for ImageNet weights")
+    if name in SHIPPED_CHECKPOINTS:
+        fixes.append(f"create one with `labkit pretrain {name}`")
+    else:
+        fixes.append(f"offline, use a model labkit ships weights for ({', '.join(SHIPPED_CHECKPOINTS)})")
+    fixes = ", or ".join(fixes)
     warning = (f"labkit: NO PRETRAINED WEIGHTS for {name}: {'; and '.join(reasons)}. Fine-tuning will start "
                f"from RANDOM weights, so expect lower accuracy and slower progress than from a pretrained "
                f"start. To fix: {fixes}; or pass pretrained=False to train from scratch on purpose.")

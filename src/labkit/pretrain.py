@@ -13,7 +13,7 @@ from . import models
 from .config import RunConfig
 from .train import fit
 
-# Per-model recipe: enough steps to learn the source task well on a 2-core CPU in a few minutes.
+# Per-model recipe (one for each of models.SHIPPED_CHECKPOINTS): enough steps to learn the source task well on a 2-core CPU in a few minutes.
 RECIPES = {
     "small_cnn": {"batch_size": 128, "lr": 1e-3, "max_steps": 1500, "train_size": 16000},
     "shufflenet_v2_x0_5": {"batch_size": 128, "lr": 2e-3, "max_steps": 1000, "train_size": 16000},
@@ -29,10 +29,10 @@ def pretrain(name: str, steps: int | None = None, seed: int = 0) -> dict:
     Example:
         >>> pretrain("small_cnn")["accuracy"]
     """
-    if name not in RECIPES:
+    if name not in models.SHIPPED_CHECKPOINTS:
         from .errors import ConfigError
 
-        raise ConfigError("model", name, f"one of {sorted(RECIPES)} (models small enough to ship)")
+        raise ConfigError("model", name, f"one of {list(models.SHIPPED_CHECKPOINTS)} (models small enough to ship)")
     recipe = dict(RECIPES[name])
     if steps is not None:
         recipe["max_steps"] = steps
