@@ -25,7 +25,8 @@ def test_run_prints_table_and_json(config_file, capsys):
     out = capsys.readouterr().out
     payload = json.loads(out.strip().splitlines()[-1])
     assert payload["config"]["batch_size"] == 32 and payload["step_time_s"] > 0
-    assert "step_time_s" in out.splitlines()[0] or "step_time_s" in out
+    table = out.strip().splitlines()[:-1]
+    assert table[0].split() == ["model", "small_cnn"] and any(line.startswith("step_time_s") for line in table)
 
 
 def test_sweep_with_set(config_file, capsys, tmp_path):
@@ -40,6 +41,9 @@ def test_parse_set():
                                                                        "precision": ["fp32"]}
     with pytest.raises(ConfigError, match=r"--set='batch_size' is not allowed: FIELD=V1,V2"):
         cli._parse_set(["batch_size"])
+    assert cli._parse_set(["lr=1e-3,3e-4"]) == {"lr": [0.001, 0.0003]}
+    with pytest.raises(ConfigError, match=r"--set='batch_size=64' is not allowed: each field once"):
+        cli._parse_set(["batch_size=32", "batch_size=64"])
 
 
 def test_bad_config_exits_2_with_message(tmp_path, capsys):

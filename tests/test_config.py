@@ -21,13 +21,13 @@ def test_defaults_are_valid_and_replace_validates():
     ("batch_size", -8, r"batch_size=-8 is not allowed: a positive integer"),
     ("batch_size", 32.5, r"batch_size=32.5 is not allowed: a positive integer"),
     ("batch_size", True, r"batch_size=True is not allowed"),
-    ("lr", 0, r"lr=0 is not allowed: a number > 0"),
-    ("lr", -1e-3, r"lr=-0.001 is not allowed: a number > 0"),
+    ("lr", 0, r"lr=0 is not allowed: a finite number > 0"),
+    ("lr", -1e-3, r"lr=-0.001 is not allowed: a finite number > 0"),
     ("precision", "fp8", r"precision='fp8' is not allowed: one of \['fp32', 'fp16', 'bf16', 'auto'\]"),
     ("grad_accum", 0, r"grad_accum=0 is not allowed: a positive integer"),
     ("optimizer", "lion", r"optimizer='lion' is not allowed: one of \['adamw', 'sgd'\]"),
     ("device", "tpu", r"device='tpu' is not allowed"),
-    ("grad_clip", 0, r"grad_clip=0 is not allowed: None or a number > 0"),
+    ("grad_clip", 0, r"grad_clip=0 is not allowed: None or a finite number > 0"),
     ("max_steps", 0, r"max_steps=0 is not allowed: None or a positive integer"),
     ("checkpointing", True, r"checkpointing=True is not allowed.*notebook 03"),
     ("freeze", "head_only", r"freeze='head_only' is not allowed"),
@@ -87,3 +87,35 @@ def test_baseline_follows_profile():
     assert cfg.max_steps == labkit.profile("quick").max_steps and cfg.batch_size == 32 and cfg.pretrained
     with pytest.raises(ConfigError, match="baseline key='bs'"):
         baseline(bs=3)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("lr", float("nan"), r"lr=nan is not allowed: a finite number > 0"),
+    ("lr", float("inf"), r"lr=inf is not allowed"),
+    ("weight_decay", float("nan"), r"weight_decay=nan is not allowed: a finite number >= 0"),
+])
+def test_non_finite_numbers_are_rejected(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        labkit.RunConfig(**{field: value})
+
+
+def test_fields_that_would_be_ignored_are_errors():
+    with pytest.raises(ConfigError, match=r"epochs=3 is not allowed: 1 \(the default\) when max_steps is set"):
+        labkit.RunConfig(epochs=3, max_steps=10)
+    with pytest.raises(ConfigError, match=r"momentum=0.5 is not allowed: 0.9 \(the default\) unless optimizer='sgd'"):
+        labkit.RunConfig(optimizer="adamw", momentum=0.5)
+    assert labkit.RunConfig(optimizer="sgd", momentum=0.5).momentum == 0.5
+
+
+def test_yaml_reads_exponent_floats(tmp_path):
+    path = tmp_path / "lr.yaml"
+    path.write_text("lr: 1e-3\nweight_decay: 5e-4\n")
+    cfg = load_config(path)
+    assert cfg.lr == 0.001 and cfg.weight_decay == 0.0005
+
+
+def test_malformed_yaml_is_a_clear_error(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("batch_size: [32\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml=.* is not allowed: valid YAML"):
+        load_config(path)

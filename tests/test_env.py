@@ -65,11 +65,20 @@ def test_platform_detection(monkeypatch, variables, expected):
 
 
 def test_tf32_is_set_explicitly_and_recorded():
-    before = env.tf32_state()
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
     try:
         env.set_tf32(True)
         assert env.tf32_state() == {"matmul": True, "conv": True}
         env.set_tf32(False)
         assert env.tf32_state() == {"matmul": False, "conv": False}
     finally:
-        env.set_tf32(before["matmul"])
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+
+
+@pytest.mark.parametrize("flags, expected", [("fpu avx2 avx512f", False), ("fpu avx512f avx512_bf16", True),
+                                             ("fpu amx_bf16 amx_tile", True)])
+def test_cpu_bf16_is_native_only_with_bf16_instructions(tmp_path, flags, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert env.cpu_bf16_native(str(cpuinfo)) is expected
+    assert env.cpu_bf16_native(str(tmp_path / "missing")) is None

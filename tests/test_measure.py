@@ -29,6 +29,11 @@ def test_spread_median_and_deciles():
     ("Tesla T4", "fp16", False, 65e12),
     ("Tesla T4", "fp32", True, 8.1e12),          # no TF32 before Ampere
     ("Tesla P100-PCIE-16GB", "fp16", False, 18.7e12),
+    ("Tesla V100-SXM2-16GB", "fp16", False, 125e12),
+    ("Tesla V100-PCIE-16GB", "fp16", False, 112e12),
+    ("NVIDIA H100 PCIe", "bf16", False, 756e12),
+    ("NVIDIA H100 80GB HBM3", "bf16", False, 989e12),
+    ("NVIDIA A10G", "bf16", False, None),
     ("NVIDIA A100-SXM4-40GB", "bf16", False, 312e12),
     ("NVIDIA A100-SXM4-40GB", "fp32", True, 156e12),
     ("NVIDIA H200", "bf16", False, 989e12),

@@ -32,8 +32,10 @@ def test_committed_checkpoint_transfers_to_the_fine_tuning_task():
 
 
 def test_bench_writes_a_labelled_reference(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_PROFILE", "quick")  # the caller's profile must neither leak in nor change
     path = run_bench(out_dir=tmp_path, profile_name="ci")
     payload = json.loads(path.read_text())
     assert path.name.startswith("cpu-") and payload["profile"] == "ci"
+    assert labkit.profile().name == "quick"
     assert payload["versions"]["torch"] and payload["runs"][0]["config"]["model"] == "small_cnn"
     assert payload["extras"]["timing_pitfalls"]["warm_median_s"] > 0

@@ -5,7 +5,7 @@ import pytest
 
 import labkit
 from labkit import results
-from labkit.errors import ConfigError, NonFiniteLossError
+from labkit.errors import ConfigError, DatasetUnavailableError, NonFiniteLossError
 from labkit.result import RunResult
 
 
@@ -55,10 +55,48 @@ def test_failed_run_becomes_a_row(fake_fit, tiny_cfg):
     assert len(list(results.results_dir().glob("*.json"))) == 1  # failures are not cached
 
 
+def test_sweep_rejects_bad_setups_before_running(fake_fit, tiny_cfg, monkeypatch):
+    with pytest.raises(ConfigError, match=r"sweep axis batch_size=\[\] is not allowed: a non-empty list"):
+        labkit.sweep(tiny_cfg, batch_size=[])
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"device='cuda' is not allowed"):
+        labkit.sweep(tiny_cfg, device=["cpu", "cuda"])
+    assert fake_fit == []
+
+
+def test_any_run_error_becomes_a_row_but_missing_data_stops(monkeypatch, tmp_path, tiny_cfg):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+
+    def fit(cfg, progress=True, on_step=None):
+        if cfg.dataset == "cifar10":
+            raise DatasetUnavailableError("no CIFAR-10 here")
+        raise ValueError("Expected more than 1 value per channel")
+
+    monkeypatch.setattr("labkit.train.fit", fit)
+    df = labkit.sweep(tiny_cfg, batch_size=[16])
+    assert df.error.iloc[0] == "ValueError: Expected more than 1 value per channel"
+    with pytest.raises(DatasetUnavailableError, match="no CIFAR-10"):
+        labkit.sweep(tiny_cfg, dataset=["cifar10", "shapes10"])
+
+
+def test_cached_warnings_are_shown_again(fake_fit, tiny_cfg, monkeypatch):
+    real_fit = labkit.train.fit
+
+    def warned_fit(cfg, progress=True, on_step=None):
+        res = real_fit(cfg)
+        res.warnings = ["NO PRETRAINED WEIGHTS for small_cnn"]
+        return res
+
+    monkeypatch.setattr("labkit.train.fit", warned_fit)
+    results.cached_fit(tiny_cfg)
+    with pytest.warns(UserWarning, match=r"\(cached run\) NO PRETRAINED WEIGHTS"):
+        results.cached_fit(tiny_cfg)
+
+
 def test_sweep_bad_axes(tiny_cfg):
     with pytest.raises(ConfigError, match=r"sweep axis key='batchsize' is not allowed.*Did you mean 'batch_size'"):
         labkit.sweep(tiny_cfg, batchsize=[1, 2])
-    with pytest.raises(ConfigError, match=r"sweep axis batch_size=32 is not allowed: a list of values"):
+    with pytest.raises(ConfigError, match=r"sweep axis batch_size=32 is not allowed: a non-empty list of values"):
         labkit.sweep(tiny_cfg, batch_size=32)
     with pytest.raises(ConfigError, match="batch_size=0"):
         labkit.sweep(tiny_cfg, batch_size=[32, 0])
@@ -70,6 +108,14 @@ def test_cache_key_depends_on_config_and_hardware(tiny_cfg):
     assert key == results.cache_key(tiny_cfg, dict(env))
     assert key != results.cache_key(tiny_cfg.replace(seed=1), env)
     assert key != results.cache_key(tiny_cfg, {**env, "gpu": "Tesla T4", "device": "cuda"})
+    assert key != results.cache_key(tiny_cfg, {**env, "profile": "quick"})
+
+
+def test_cache_key_depends_on_whether_weights_may_be_downloaded(tiny_cfg, monkeypatch):
+    env = dict(labkit.env_report())
+    offline = results.cache_key(tiny_cfg, env)
+    monkeypatch.setenv("LABKIT_OFFLINE", "0")
+    assert results.cache_key(tiny_cfg, env) != offline
 
 
 def test_interrupted_write_keeps_the_previous_result(tmp_path, monkeypatch):

@@ -89,3 +89,44 @@ def test_on_step_callback_and_epochs(tiny_cfg):
 def test_timing_demo(tiny_cfg):
     tp = train.timing_demo(tiny_cfg, warmup=1, repeats=3)
     assert tp.repeats == 3 and tp.warm_median_s > 0 and tp.first_call_s > 0 and tp.device == "cpu"
+
+
+def test_fp16_runs_with_an_enabled_grad_scaler(tiny_cfg):
+    trainer = train.Trainer(tiny_cfg.replace(precision="fp16"))
+    assert trainer.scaler.is_enabled()
+    res = trainer.run(progress=False)
+    assert res.precision_used == "fp16" and all(torch.isfinite(torch.tensor(res.losses)))
+
+
+def test_grad_clip_limits_the_update():
+    """With plain SGD a clipped step moves each weight by at most lr * max_norm."""
+    cfg = labkit.RunConfig(optimizer="sgd", momentum=0.0, lr=0.1, batch_size=32, max_steps=4, train_size=128,
+                           evaluate=False)
+    torch.manual_seed(cfg.seed)
+    start = {k: v.clone() for k, v in train.models.build("small_cnn", 10)[0].state_dict().items()}
+
+    def largest_change(res):
+        end = res.model.state_dict()
+        return max((end[k].float() - start[k].float()).abs().max().item() for k in start
+                   if k.endswith("weight") and not k.startswith("head"))
+
+    clipped = labkit.fit(cfg.replace(grad_clip=1e-6))
+    free = labkit.fit(cfg)
+    assert largest_change(clipped) <= 4 * 0.1 * 1e-6 * 1.01
+    assert largest_change(free) > 1e-3
+
+
+def test_tf32_setting_is_recorded_in_the_run(tiny_cfg):
+    on = labkit.fit(tiny_cfg.replace(tf32=True, evaluate=False))
+    off = labkit.fit(tiny_cfg.replace(tf32=False, evaluate=False))
+    assert on.env["tf32_matmul"] is True and on.env["tf32_conv"] is True and on.tf32 is True
+    assert off.env["tf32_matmul"] is False and off.env["tf32_conv"] is False
+
+
+def test_single_sample_micro_batch_with_batchnorm(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"batch_size=4 is not allowed: at least 2 samples per micro-batch"):
+        labkit.fit(tiny_cfg.replace(batch_size=4, grad_accum=4))
+
+
+def test_a_cached_result_has_no_model_but_says_so(tiny_cfg):
+    assert labkit.RunResult(config=tiny_cfg.to_dict()).model is None

@@ -7,19 +7,21 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 from .errors import ConfigError, LabkitError
 
 
 def _parse_set(items: list[str]) -> dict:
     """``["batch_size=32,64", "precision=fp32"]`` -> ``{"batch_size": [32, 64], "precision": ["fp32"]}``."""
+    from .config import parse_yaml
+
     axes = {}
     for item in items:
         if "=" not in item:
             raise ConfigError("--set", item, "FIELD=V1,V2,... (e.g. batch_size=32,64)")
-        name, values = item.split("=", 1)
-        axes[name.strip()] = [yaml.safe_load(v) for v in values.split(",") if v.strip()]
+        name, values = (part.strip() for part in item.split("=", 1))
+        if name in axes:
+            raise ConfigError("--set", item, f"each field once (put every value of {name} in one --set)")
+        axes[name] = [parse_yaml(v, f"--set {name}") for v in values.split(",") if v.strip()]
     return axes
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import numbers
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -22,7 +24,7 @@ def _is_int(value) -> bool:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -97,13 +99,13 @@ class RunConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError("optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
         if not _is_number(self.lr) or not self.lr > 0:
-            raise ConfigError("lr", self.lr, "a number > 0")
+            raise ConfigError("lr", self.lr, "a finite number > 0")
         for name in ("weight_decay", "momentum"):
             value = getattr(self, name)
             if not _is_number(value) or value < 0:
-                raise ConfigError(name, value, "a number >= 0")
+                raise ConfigError(name, value, "a finite number >= 0")
         if self.grad_clip is not None and (not _is_number(self.grad_clip) or not self.grad_clip > 0):
-            raise ConfigError("grad_clip", self.grad_clip, "None or a number > 0")
+            raise ConfigError("grad_clip", self.grad_clip, "None or a finite number > 0")
         if not _is_int(self.seed) or self.seed < 0:
             raise ConfigError("seed", self.seed, "an integer >= 0")
         if not isinstance(self.device, str) or not (
@@ -113,7 +115,14 @@ class RunConfig:
         for name in ("pretrained", "tf32", "channels_last", "evaluate"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, getattr(self, name), "True or False")
-        # Not silently ignored: these fields are reserved for later notebooks.
+        # Nothing is silently ignored: a field that would have no effect is an error.
+        if self.max_steps is not None and self.epochs != 1:
+            raise ConfigError("epochs", self.epochs, "1 (the default) when max_steps is set",
+                              f"max_steps={self.max_steps} decides the length of the run; set one of the two")
+        if self.optimizer != "sgd" and self.momentum != 0.9:
+            raise ConfigError("momentum", self.momentum, "0.9 (the default) unless optimizer='sgd'",
+                              f"{self.optimizer} has no momentum setting")
+        # Reserved for later notebooks.
         if self.checkpointing is not False:
             raise ConfigError("checkpointing", self.checkpointing, "False in this version of labkit",
                               "Gradient checkpointing arrives with notebook 03")
@@ -168,6 +177,26 @@ def check_keys(values, source: str) -> None:
             raise ConfigError(f"{source} key", key, f"a RunConfig field ({', '.join(names)})", hint)
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; a lab config means the number."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$|" r"^[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?$|"
+               r"^[-+]?[0-9][0-9_]*\.[0-9_]*$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str, source: str):
+    """Parse YAML text, reading ``1e-3`` as a float; a syntax error becomes a `ConfigError` naming ``source``."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, text if len(text) < 60 else text[:57] + "...", "valid YAML", str(exc)) from exc
+
+
 def load_config(path: str | Path) -> RunConfig:
     """Load a `RunConfig` from a YAML mapping; unknown keys and non-mappings raise `ConfigError`.
 
@@ -175,7 +204,7 @@ def load_config(path: str | Path) -> RunConfig:
         >>> cfg = labkit.load_config("recipe.yaml")
     """
     path = Path(path)
-    loaded = yaml.safe_load(path.read_text())
+    loaded = parse_yaml(path.read_text(), path.name)
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):

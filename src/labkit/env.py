@@ -101,6 +101,16 @@ def has_tensor_cores(capability: tuple[int, int] | None) -> bool:
     return capability is not None and capability >= (7, 0)
 
 
+def cpu_bf16_native(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX); None when it cannot be told (not Linux)."""
+    try:
+        with open(cpuinfo) as handle:
+            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
+    except OSError:
+        return None
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
 def tf32_state() -> dict:
     """Whether float32 matmuls and convolutions may use TF32 (only matters on Ampere and later)."""
     matmul = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
@@ -166,9 +176,10 @@ def env_report(device: str = "auto") -> EnvReport:
         report["tensor_cores"] = has_tensor_cores(capability)
     else:
         report["gpu_count"] = 0
-        # CPU autocast supports bf16 everywhere; it is fast only with AVX512-BF16/AMX.
-        report["bf16"] = True
-        report["bf16_emulated"] = False
+        # CPU autocast runs bf16 everywhere, but natively only with AVX512-BF16 or AMX instructions.
+        native = cpu_bf16_native()
+        report["bf16"] = native  # None: could not tell (no /proc/cpuinfo)
+        report["bf16_emulated"] = native is False
         report["tensor_cores"] = False
         report["cpu"] = _platform.processor() or _platform.machine()
         report["cpu_capability"] = torch.backends.cpu.get_cpu_capability()

@@ -20,7 +20,7 @@ def timing(tp: TimingPitfalls) -> str:
     lines = [
         f"First call: {tp.first_call_s * 1e3:.2f} ms, {tp.cold_vs_warm:.1f}x the warm median of "
         f"{tp.warm_median_s * 1e3:.2f} ms over {tp.repeats} calls. The first call pays one-off costs "
-        "(allocating memory, choosing kernels" + (", starting CUDA" if tp.device == "cuda" else "")
+        "(allocating memory, choosing kernels" + (", creating cuBLAS/cuDNN handles" if tp.device == "cuda" else "")
         + "); timing it would overstate the step time.",
     ]
     ratio = tp.unsynced_vs_synced
@@ -58,10 +58,11 @@ def headline(res: RunResult) -> str:
     ]
     if res.achieved_flops:
         flops = f"Achieved {res.achieved_flops / 1e9:.1f} GFLOP/s ({res.flops_per_step / 1e9:.2f} GFLOP per step)"
+        dtype = "tf32" if res.precision_used == "fp32" and res.tf32 else res.precision_used
         if res.mfu is not None:
-            flops += f", {res.mfu:.1%} of this GPU's {res.precision_used} datasheet peak."
+            flops += f", {res.mfu:.1%} of this GPU's {dtype} datasheet peak."
         else:
-            flops += "; no datasheet peak is known for this device, so no utilisation is computed."
+            flops += f"; no datasheet peak is known for this device at {dtype}, so no utilisation is computed."
         text.append(flops)
     return "\n".join(text)
 
@@ -83,9 +84,19 @@ def memory(res: RunResult) -> str:
         parts = ", ".join(f"{c.replace('_', ' ')} {_mib(res.memory.get(c, 0))}" for c in MEMORY_CATEGORIES)
         lines.append(f"Each category's own peak during a step: {parts}.")
         largest = max(MEMORY_CATEGORIES, key=lambda c: res.memory.get(c, 0))
-        lines.append(f"The largest is {largest.replace('_', ' ')}. These peaks happen at different moments "
-                     "(activations at the end of the forward pass, optimizer state during step()), so they add "
-                     "up to more than the total peak.")
+        total = sum(res.memory.get(c, 0) for c in MEMORY_CATEGORIES)
+        tracked = sum(res.memory_at_peak.values()) if res.memory_at_peak else None
+        sentence = (f"The largest is {largest.replace('_', ' ')}. The categories peak at different moments "
+                    "(activations at the end of the forward pass, optimizer state during step())")
+        if tracked is not None and total > tracked:
+            sentence += (f", so their peaks add up to {_mib(total)}, more than the {_mib(tracked)} held at "
+                         "the moment of the total peak.")
+        else:
+            sentence += "."
+        lines.append(sentence)
+        if res.reserved_memory_bytes is not None and tracked is not None and res.peak_memory_bytes > tracked:
+            lines.append(f"The allocator's peak is {_mib(res.peak_memory_bytes - tracked)} above the tracked "
+                         "tensors: cuBLAS/cuDNN workspaces and the allocator's rounding of each block.")
     elif res.memory_note:
         lines.append(res.memory_note)
     return "\n".join(lines)

@@ -75,6 +75,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def reset_peak(device: torch.device) -> None:
+    """Reset CUDA peak statistics only (keeps the cache, so the next step pays no new cudaMalloc)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def reset_memory(device: torch.device) -> None:
     """Start a clean CUDA measurement: collect garbage, empty the cache, reset peak statistics.
 
@@ -221,7 +228,7 @@ def _memory_tracker_class():
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class _CategoryPeakTracker(MemTracker):
-        """MemTracker that also keeps each category's own running peak."""
+        """MemTracker that also keeps each category's own running peak, per device."""
 
         def __init__(self):
             super().__init__()
@@ -229,11 +236,12 @@ def _memory_tracker_class():
 
         def _update_peak_stats(self, peak_state) -> None:  # called after every tracked op
             super()._update_peak_stats(peak_state)
-            for snap in self._curr_mem_snap.values():
+            for dev, snap in self._curr_mem_snap.items():
+                peaks = self.category_peaks.setdefault(dev, {})
                 for ref, nbytes in snap.items():
                     key = getattr(ref, "value", ref)
-                    if nbytes > self.category_peaks.get(key, 0):
-                        self.category_peaks[key] = nbytes
+                    if nbytes > peaks.get(key, 0):
+                        peaks[key] = nbytes
 
     return _CategoryPeakTracker
 
@@ -261,14 +269,26 @@ def _by_category(raw: dict) -> dict:
     return out
 
 
+def _same_device(a, b: torch.device) -> bool:
+    a = torch.device(a)
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    current = torch.cuda.current_device()
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+
+
 def track_step_memory(step: Callable[[], object], model: torch.nn.Module,
-                      optimizer: torch.optim.Optimizer) -> MemoryBreakdown:
-    """Run ``step()`` once under torch's MemTracker and return the memory breakdown.
+                      optimizer: torch.optim.Optimizer, device: torch.device | str = "cpu") -> MemoryBreakdown:
+    """Run ``step()`` once under torch's MemTracker and return the memory breakdown on ``device``.
 
     Works on CPU and CUDA. Parameters include buffers; ``other`` holds the temporaries of the backward
-    pass and of ``optimizer.step()``.
-    If the tracker fails (it is a private torch API), the step still runs and ``note`` says why.
+    pass and of ``optimizer.step()``. Tensors on other devices (AdamW's CPU step counters when training
+    on a GPU) are left out. If the tracker fails (it is a private torch API), the step still runs,
+    untracked, and ``note`` says why.
     """
+    device = torch.device(device)
     try:
         tracker = _memory_tracker_class()()
         tracker.track_external(model, optimizer)
@@ -280,17 +300,24 @@ def track_step_memory(step: Callable[[], object], model: torch.nn.Module,
     try:
         with tracker:
             step()
+    except Exception as exc:  # noqa: BLE001 - a failure of the tracker must not end the run
+        if isinstance(exc, (ArithmeticError, MemoryError)) or "out of memory" in str(exc).lower():
+            raise  # the step itself failed: that is the run's error, not the tracker's
+        optimizer.zero_grad(set_to_none=True)
+        step()
+        return MemoryBreakdown(note=f"memory breakdown unavailable ({type(exc).__name__}: {exc})")
     finally:
         _active_tracker = None
-    raw_peak = {}
-    for snap in tracker.get_tracker_snapshot("peak").values():
-        raw_peak = snap
+    raw_peak = next((snap for dev, snap in tracker.get_tracker_snapshot("peak").items()
+                     if _same_device(dev, device)), {})
+    raw_category_peaks = next((peaks for dev, peaks in tracker.category_peaks.items()
+                               if _same_device(dev, device)), {})
     at_peak = _by_category(raw_peak)
-    peaks = _by_category(tracker.category_peaks)
+    peaks = _by_category(raw_category_peaks)
     # MemTracker files everything allocated inside optimizer.step() as optimizer state, including the
     # step's temporaries (foreach buffers). Keep "optimizer_state" for the persistent state, which we
     # can count exactly, and move the temporaries to "other".
-    state = optimizer_state_bytes(optimizer)
+    state = optimizer_state_bytes(optimizer, device)
     for split in (peaks, at_peak):
         temporaries = max(0, split["optimizer_state"] - state)
         split["optimizer_state"] -= temporaries
@@ -299,15 +326,22 @@ def track_step_memory(step: Callable[[], object], model: torch.nn.Module,
                            total_peak_bytes=int(raw_peak.get("Total", sum(at_peak.values()))))
 
 
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer's persistent state tensors (e.g. AdamW's exp_avg and exp_avg_sq)."""
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer, device: torch.device | str | None = None) -> int:
+    """Bytes of the optimizer's persistent state tensors (e.g. AdamW's exp_avg and exp_avg_sq) on ``device``."""
     seen, total = set(), 0
     for state in optimizer.state.values():
         for value in state.values():
-            if torch.is_tensor(value) and value.untyped_storage().data_ptr() not in seen:
+            if not torch.is_tensor(value) or (device is not None and not _same_device(value.device, torch.device(device))):
+                continue
+            if value.untyped_storage().data_ptr() not in seen:
                 seen.add(value.untyped_storage().data_ptr())
                 total += value.untyped_storage().nbytes()
     return total
+
+
+def allocated_now(device: torch.device) -> int:
+    """Bytes in live tensors on a CUDA device right now (0 on CPU, where labkit counts per step)."""
+    return int(torch.cuda.memory_allocated(device)) if torch.device(device).type == "cuda" else 0
 
 
 def cuda_peak_memory(device: torch.device) -> tuple[int, int]:
@@ -329,14 +363,19 @@ def count_flops(step: Callable[[], object]) -> int:
 
 
 # Dense datasheet peaks in FLOP/s by GPU and the dtype of the matmuls. "fp32" is plain FP32 (CUDA
-# cores); "tf32" is float32 with TF32 tensor cores (Ampere+). Sparsity figures are not used.
+# cores); "tf32" is float32 with TF32 tensor cores (Ampere+). Sparsity figures are not used. Where a
+# PCIe card differs from the SXM one, the PCIe row is matched first ("Tesla V100-PCIE-16GB").
 PEAK_FLOPS = {
     "T4": {"fp32": 8.1e12, "fp16": 65e12},
-    "P100": {"fp32": 9.3e12, "fp16": 18.7e12},
+    "P100 PCIE": {"fp32": 9.3e12, "fp16": 18.7e12},
+    "P100": {"fp32": 10.6e12, "fp16": 21.2e12},
+    "V100 PCIE": {"fp32": 14e12, "fp16": 112e12},
     "V100": {"fp32": 15.7e12, "fp16": 125e12},
     "L4": {"fp32": 30.3e12, "tf32": 60e12, "fp16": 121e12, "bf16": 121e12},
     "A10": {"fp32": 31.2e12, "tf32": 62.5e12, "fp16": 125e12, "bf16": 125e12},
     "A100": {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12},
+    "H100 PCIE": {"fp32": 51e12, "tf32": 378e12, "fp16": 756e12, "bf16": 756e12},
+    "H100 NVL": {"fp32": 60e12, "tf32": 418e12, "fp16": 835e12, "bf16": 835e12},
     "H100": {"fp32": 67e12, "tf32": 494e12, "fp16": 989e12, "bf16": 989e12},
     "H200": {"fp32": 67e12, "tf32": 494e12, "fp16": 989e12, "bf16": 989e12},
 }
@@ -352,9 +391,9 @@ def peak_flops(gpu_name: str | None, precision: str, tf32: bool = False) -> floa
     if not gpu_name:
         return None
     key = "tf32" if precision == "fp32" and tf32 else precision
-    tokens = gpu_name.upper().replace("-", " ").split()  # "Tesla P100-PCIE-16GB" -> [..., "P100", ...]
-    for name, table in PEAK_FLOPS.items():
-        if name in tokens:
+    tokens = gpu_name.upper().replace("-", " ").split()  # "Tesla P100-PCIE-16GB" -> [..., "P100", "PCIE", ...]
+    for name, table in PEAK_FLOPS.items():  # more specific rows come first
+        if all(part in tokens for part in name.split()):
             return table.get(key, table["fp32"] if key == "tf32" else None)
     return None
 

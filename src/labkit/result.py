@@ -66,6 +66,8 @@ class RunResult:
     warnings: list = field(default_factory=list)
     error: str | None = None
 
+    model = None  # the trained model after `labkit.fit` (not serialised; None for cached or reference runs)
+
     @property
     def cfg(self) -> RunConfig:
         return RunConfig.from_dict(self.config)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -14,8 +16,8 @@ import pandas as pd
 
 from . import __version__
 from .config import RunConfig, check_keys, field_names
-from .env import env_report, hardware_key, profile
-from .errors import ConfigError, LabkitError
+from .env import env_report, hardware_key, is_online, profile, resolve_device
+from .errors import ConfigError, DatasetUnavailableError
 from .result import MEMORY_CATEGORIES, RunResult
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
@@ -33,9 +35,23 @@ def results_dir() -> Path:
     return cache_dir() / "results"
 
 
+@functools.lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    """A hash of labkit's own source and shipped checkpoints: a code change invalidates cached runs."""
+    package = Path(__file__).parent
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(package.rglob("*.py")) + sorted((package / "assets" / "checkpoints").glob("*.json")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cache_key(cfg: RunConfig, env: dict) -> str:
-    """A run is reusable when the config, the hardware, torch, the profile and labkit's version match."""
-    blob = json.dumps({"config": cfg.to_dict(), "hardware": hardware_key(env), "labkit": __version__},
+    """A run is reusable when the config, the hardware, torch/torchvision, the profile, whether labkit may
+    download (which decides the starting weights) and labkit's code all match."""
+    from .models import checkpoint_dir
+
+    blob = json.dumps({"config": cfg.to_dict(), "hardware": hardware_key(env), "torchvision": env.get("torchvision"),
+                       "online": is_online(), "checkpoints": str(checkpoint_dir()), "code": _code_fingerprint()},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -66,9 +82,13 @@ def cached_fit(cfg: RunConfig, refresh: bool = False, progress: bool = True, on_
     path = results_dir() / f"{cache_key(cfg, env)}.json"
     if path.exists() and not refresh:
         try:
-            return RunResult.from_dict(json.loads(path.read_text()))
+            result = RunResult.from_dict(json.loads(path.read_text()))
         except (ValueError, TypeError):
             path.unlink()  # unreadable (e.g. written by an older labkit): run again
+        else:
+            for message in result.warnings:  # a cached run warns as the live one did
+                warnings.warn(f"(cached run) {message}", stacklevel=2)
+            return result
     result = fit(cfg, progress=progress, on_step=on_step)
     _write_atomic(path, result.to_dict())
     return result
@@ -111,18 +131,23 @@ def sweep(cfg: RunConfig, refresh: bool = False, progress: bool = True, **axes) 
     """
     check_keys(axes, "sweep axis")
     for name, values in axes.items():
-        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-            raise ConfigError(f"sweep axis {name}", values, "a list of values, e.g. [32, 64]")
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable) or not list(values):
+            raise ConfigError(f"sweep axis {name}", values, "a non-empty list of values, e.g. [32, 64]")
     names = list(axes)
     configs = [cfg.replace(**dict(zip(names, combo, strict=True))) for combo in itertools.product(*axes.values())]
+    for run_cfg in configs:  # a device that is not there fails every run: say so before running any
+        resolve_device(run_cfg.device)
     rows = []
     for run_cfg in configs:
         try:
             result = cached_fit(run_cfg, refresh=refresh, progress=progress)
-        except (LabkitError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        except DatasetUnavailableError:
+            raise  # not this run's failure: every run would fail the same way
+        except Exception as exc:  # out of memory, a non-finite loss, a torch error: one failed row
+            error = f"{type(exc).__name__}: {exc}"
+            del exc  # drop the traceback (and the failed run's tensors) before freeing GPU memory
             _free_cuda_memory()
-            result = RunResult(config=run_cfg.to_dict(), env=dict(env_report(run_cfg.device)),
-                               error=f"{type(exc).__name__}: {exc}")
+            result = RunResult(config=run_cfg.to_dict(), env=dict(env_report(run_cfg.device)), error=error)
         rows.append(to_row(result))
     return pd.DataFrame(rows)
 
@@ -165,7 +190,7 @@ def write_reference(results: list[RunResult], path: Path, extras: dict | None = 
     payload = {
         "gpu": env.get("gpu") or f"CPU ({env.get('cpu')})",
         "date": datetime.date.today().isoformat(),
-        "profile": profile().name,
+        "profile": env.get("profile", profile().name),  # the profile the runs used, not the caller's
         "versions": {k: env.get(k) for k in ("torch", "torchvision", "labkit", "python")},
         "runs": [r.to_dict() for r in results],
         "extras": extras or {},

@@ -86,6 +86,9 @@ class Trainer:
         self.cfg = cfg
         self.profile = profile()
         self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)  # CUDA events and synchronise act on the current device
+        set_tf32(cfg.tf32)  # before the report, so that the recorded TF32 state is this run's
         self.env = env_report(cfg.device)
         capability = torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None
         self.precision = resolve_precision(cfg.precision, self.device, capability)
@@ -93,7 +96,10 @@ class Trainer:
         if self.precision.warning:
             warnings.warn(self.precision.warning, stacklevel=3)
             self.warnings.append(self.precision.warning)
-        set_tf32(cfg.tf32)
+        # Memory already held on the GPU before this run (earlier runs' models, a notebook's tensors) is
+        # not this run's: peaks are reported above this baseline.
+        measure.reset_memory(self.device)
+        self.baseline_bytes = measure.allocated_now(self.device)
 
         train_size = cfg.train_size or self.profile.train_size
         if cfg.batch_size > train_size:
@@ -104,6 +110,11 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         model, self.weights = models.build(cfg.model, self.train_split.num_classes, pretrained=cfg.pretrained)
+        micro_batch = cfg.batch_size // cfg.grad_accum
+        if micro_batch < 2 and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            raise ConfigError("batch_size", cfg.batch_size,
+                              f"at least 2 samples per micro-batch (batch_size / grad_accum = {micro_batch}): "
+                              f"{cfg.model} has BatchNorm, which needs more than one value per channel")
         if self.weights.warning:
             self.warnings.append(self.weights.warning)
         memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
@@ -172,8 +183,8 @@ class Trainer:
             if index == prof.warmup_steps:
                 flops = measure.count_flops(record_step)
             elif index == prof.warmup_steps + 1:
-                breakdown = measure.track_step_memory(record_step, self.model, self.optimizer)
-                measure.reset_memory(device)  # CUDA peak statistics cover the timed steps only
+                breakdown = measure.track_step_memory(record_step, self.model, self.optimizer, device)
+                measure.reset_peak(device)  # CUDA peak statistics cover the timed steps only
             elif index >= untimed:
                 timer.start()
                 record_step()
@@ -197,6 +208,7 @@ class Trainer:
         median, p10, p90 = measure.spread(times)
         if device.type == "cuda":
             peak, reserved = measure.cuda_peak_memory(device)
+            peak, reserved = max(0, peak - self.baseline_bytes), max(0, reserved - self.baseline_bytes)
         else:
             peak, reserved = breakdown.total_peak_bytes, None
         accuracy = evaluate(self.model, self.splits["test"], cfg, device, self.precision) if cfg.evaluate else None

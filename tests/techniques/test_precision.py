@@ -17,10 +17,17 @@ def test_auto_precision_by_capability(device, capability, expected):
     assert resolve_precision("auto", device, capability).name == expected
 
 
-def test_bf16_without_native_support_warns_and_runs():
+def test_bf16_without_native_support_warns():
     p = resolve_precision("bf16", CUDA, (7, 5))
-    assert p.name == "bf16" and "emulated" in p.warning and "7.5" in p.warning
+    assert p.name == "bf16" and "emulated" in p.warning and "7.5" in p.warning and "fp16 with a GradScaler" in p.warning
+    p100 = resolve_precision("bf16", CUDA, (6, 0))
+    assert "no tensor cores either, so fp32" in p100.warning
     assert resolve_precision("bf16", CUDA, (8, 0)).warning is None
+
+
+def test_fp16_without_tensor_cores_warns():
+    assert "no tensor cores" in resolve_precision("fp16", CUDA, (6, 0)).warning
+    assert resolve_precision("fp16", CUDA, (7, 5)).warning is None
 
 
 def test_scaler_only_for_fp16_and_autocast_dtype():

@@ -54,9 +54,16 @@ def resolve_precision(requested: str, device: torch.device, capability: tuple[in
         return Precision(requested, "fp32")
     if requested == "bf16" and on_gpu and not native_bf16(capability):
         major, minor = capability
+        advice = ("fp16 with a GradScaler is the fast choice here" if has_tensor_cores(capability)
+                  else "this GPU has no tensor cores either, so fp32 is usually the fastest here")
         return Precision(requested, "bf16", warning=(
             f"bf16 on a GPU of capability {major}.{minor} is emulated (native bf16 needs 8.0+, Ampere): "
-            "it runs, but slowly; fp16 with a GradScaler is the fast choice here"))
+            f"it runs, but slowly; {advice}"))
+    if requested == "fp16" and on_gpu and not has_tensor_cores(capability):
+        major, minor = capability
+        return Precision(requested, "fp16", warning=(
+            f"fp16 on a GPU of capability {major}.{minor} (no tensor cores, e.g. a P100) saves memory but "
+            "is often no faster than fp32"))
     return Precision(requested, requested)
 
 
