@@ -73,13 +73,17 @@ def main() -> None:
             wall, step = loop(cfg)
             walls[name].append(wall)
             steps[name].append(step)
-    ratio = statistics.median(walls["labkit"]) / statistics.median(walls["plain"])
+    # Noise only ever adds time, so the fastest round is the best estimate of each loop's own cost;
+    # the median is printed too, to show how noisy the machine was.
+    ratio = min(walls["labkit"]) / min(walls["plain"])
+    median_ratio = statistics.median(walls["labkit"]) / statistics.median(walls["plain"])
     step_ratio = statistics.median(steps["labkit"]) / statistics.median(steps["plain"])
     print(f"{args.steps} steps x {args.rounds} rounds, {torch.get_num_threads()} threads, torch {torch.__version__}")
     for name in walls:
-        print(f"  {name:>6}: wall median {statistics.median(walls[name]):.2f} s, "
-              f"step median {statistics.median(steps[name]) * 1e3:.2f} ms")
-    print(f"wall-clock ratio labkit/plain: {ratio:.3f} ({(ratio - 1) * 100:+.1f} %; target within 3 %)")
+        print(f"  {name:>6}: wall min {min(walls[name]):.2f} s, median {statistics.median(walls[name]):.2f} s, "
+              f"spread {max(walls[name]) / min(walls[name]) - 1:.0%}; step median {statistics.median(steps[name]) * 1e3:.2f} ms")
+    print(f"wall-clock ratio labkit/plain (fastest rounds): {ratio:.3f} ({(ratio - 1) * 100:+.1f} %; target within 3 %)")
+    print(f"wall-clock ratio labkit/plain (median rounds): {median_ratio:.3f}")
     print(f"reported step time ratio labkit/plain: {step_ratio:.3f}")
 
 
