@@ -51,3 +51,12 @@ def test_compare_accuracy():
     a, b = _result(accuracy=0.98), _result(accuracy=0.5)
     assert findings.compare("pretrained", a, "scratch", b) == (
         "pretrained: 98.0% vs scratch: 50.0% after the same 20 steps (+48.0 percentage points).")
+
+
+def test_memory_explains_why_category_peaks_exceed_the_total():
+    at_peak = {"parameters": 2**20, "gradients": 2**20, "optimizer_state": 2 * 2**20, "activations": 20 * 2**20,
+               "other": 0}
+    text = findings.memory(_result(memory_at_peak=at_peak))
+    assert "add up to 42.00 MiB, more than the 24.00 MiB held at the moment of the total peak" in text
+    gpu = findings.memory(_result(memory_at_peak=at_peak, reserved_memory_bytes=40 * 2**20))
+    assert "7.00 MiB above the tracked tensors" in gpu
