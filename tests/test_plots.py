@@ -202,3 +202,31 @@ def test_plots_never_show(monkeypatch, df):
     plots.line(df, x="batch_size", y="throughput" if "throughput" in df else "step_time_s")
     plots.loss_curve(result("fp32", [1.0]))
     plots.memory_breakdown(result("fp32", memory={"parameters": MiB}))
+
+
+def test_run_overview_prints_the_headline_and_draws_two_charts(capsys):
+    import matplotlib.pyplot as plt
+
+    from labkit.result import RunResult
+
+    plt.close("all")
+    res = RunResult(config={"model": "small_cnn", "dataset": "shapes10"}, steps=12, timed_steps=9,
+                    step_time_s=0.04, step_time_p10_s=0.03, step_time_p90_s=0.05, throughput=1600.0,
+                    peak_memory_bytes=2**20, accuracy=0.5, model_size_bytes=2**20, num_params=10,
+                    num_trainable_params=10, losses=[2.0 - 0.1 * i for i in range(12)],
+                    memory={"parameters": 2**20, "activations": 2 * 2**20})
+    plots.run_overview(res)
+    assert "median 40.00 ms" in capsys.readouterr().out
+    (fig,) = [plt.figure(n) for n in plt.get_fignums()]
+    assert [ax.get_title().splitlines()[0] for ax in fig.axes[:2]] == ["training loss", "memory by category"]
+    plots.run_overview(RunResult(config={}, error="OutOfMemoryError: CUDA out of memory"))
+    assert "run failed: OutOfMemoryError" in capsys.readouterr().out
+
+
+def test_timing_pitfalls_frame_plots_in_milliseconds():
+    from labkit.measure import TimingPitfalls
+
+    tp = TimingPitfalls(first_call_s=0.2, warm_median_s=0.04, unsynced_median_s=0.01, device="cuda", repeats=5)
+    ax = plots.bar(tp.to_frame(), x="method", y="time_s")
+    assert sorted(round(p.get_height(), 6) for p in ax.patches) == [10.0, 40.0, 200.0]
+    assert "(ms)" in ax.get_ylabel()

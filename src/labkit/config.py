@@ -19,11 +19,13 @@ OPTIMIZERS = ("adamw", "sgd")
 DEVICES_HINT = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """An integer (numpy integers too), but not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
+    """A finite real number, but not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -84,11 +86,11 @@ class RunConfig:
             raise ConfigError("dataset", self.dataset, f"one of {data.available()}")
         for name in ("batch_size", "epochs", "grad_accum"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ConfigError(name, value, "a positive integer (1, 2, 3, ...)")
         for name in ("max_steps", "train_size"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise ConfigError(name, value, "None or a positive integer")
         if self.batch_size % self.grad_accum:
             raise ConfigError("grad_accum", self.grad_accum,
@@ -98,15 +100,15 @@ class RunConfig:
             raise ConfigError("precision", self.precision, f"one of {list(PRECISIONS)}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError("optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
-        if not _is_number(self.lr) or not self.lr > 0:
+        if not is_number(self.lr) or not self.lr > 0:
             raise ConfigError("lr", self.lr, "a finite number > 0")
         for name in ("weight_decay", "momentum"):
             value = getattr(self, name)
-            if not _is_number(value) or value < 0:
+            if not is_number(value) or value < 0:
                 raise ConfigError(name, value, "a finite number >= 0")
-        if self.grad_clip is not None and (not _is_number(self.grad_clip) or not self.grad_clip > 0):
+        if self.grad_clip is not None and (not is_number(self.grad_clip) or not self.grad_clip > 0):
             raise ConfigError("grad_clip", self.grad_clip, "None or a finite number > 0")
-        if not _is_int(self.seed) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             raise ConfigError("seed", self.seed, "an integer >= 0")
         if not isinstance(self.device, str) or not (
             self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
+from .config import is_int
 from .env import is_online
 from .errors import ConfigError, DatasetUnavailableError
 
@@ -242,9 +243,9 @@ def load_splits(name: str, train_size: int, val_size: int, test_size: int, seed:
         raise ConfigError("dataset", name, f"one of {available()}")
     sizes = {"train": train_size, "val": val_size, "test": test_size}
     for split, size in sizes.items():
-        if not _is_int(size) or size < 1:
+        if not is_int(size) or size < 1:
             raise ConfigError(f"{split}_size", size, "a positive integer (1, 2, 3, ...)")
-    if not _is_int(seed) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise ConfigError("seed", seed, "an integer >= 0")
     if name == "cifar10":
         return _load_cifar10(sizes, seed, Path(root) if root is not None else cache_dir(), download)
@@ -255,10 +256,6 @@ def load_splits(name: str, train_size: int, val_size: int, test_size: int, seed:
         images, labels = _shapes_split(name, split, size, seed)
         splits[split] = ImageData(name, split, images, labels, classes, mean, std)
     return splits
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 # --- generated shapes -----------------------------------------------------------------------------
@@ -436,7 +433,7 @@ def make_loader(data: ImageData, batch_size: int, shuffle: bool, seed: int = 0, 
         >>> loader = make_loader(splits["train"], batch_size=64, shuffle=True, seed=0)
         >>> images, labels = next(iter(loader))
     """
-    if not _is_int(batch_size) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise ConfigError("batch_size", batch_size, "a positive integer (1, 2, 3, ...)")
     dataset = _BatchIndexed(data.images, data.labels)
     if sampler is None:

@@ -16,16 +16,12 @@ import traceback
 import ipywidgets as widgets
 from IPython.display import display
 
-from .config import RunConfig, check_keys
+from .config import RunConfig, check_keys, is_number
 from .errors import ConfigError, LabkitError
 
 _WIDE = {"description_width": "initial"}
 CONTROL_KINDS = ("a list of values (dropdown), a (min, max, step) tuple of numbers (int or float slider) "
                  "or a bool (checkbox)")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def make_control(name: str, spec, default=None):
@@ -45,12 +41,12 @@ def make_control(name: str, spec, default=None):
     field = f"controls[{name!r}]"
     if isinstance(spec, bool):
         return widgets.Checkbox(value=spec, description=name, style=_WIDE)
-    if isinstance(spec, tuple) and len(spec) == 3 and all(_is_number(v) for v in spec):
+    if isinstance(spec, tuple) and len(spec) == 3 and all(is_number(v) for v in spec):
         low, high, step = spec
         if not (low < high and 0 < step <= high - low):
             raise ConfigError(field, spec, "a (min, max, step) tuple with min < max and 0 < step <= max - min",
                               f"For a dropdown of these values pass a list: {list(spec)}")
-        value = default if _is_number(default) and low <= default <= high else low
+        value = default if is_number(default) and low <= default <= high else low
         if all(isinstance(v, numbers.Integral) for v in spec):
             return widgets.IntSlider(value=int(value), min=int(low), max=int(high), step=int(step),
                                      description=name, style=_WIDE, continuous_update=False)
