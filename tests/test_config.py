@@ -35,6 +35,9 @@ def test_defaults_are_valid_and_replace_validates():
     ("lr", float("nan"), r"lr=nan is not allowed: a finite number > 0"),
     ("lr", float("inf"), r"lr=inf is not allowed"),
     ("weight_decay", float("nan"), r"weight_decay=nan is not allowed: a finite number >= 0"),
+    ("lr_warmup_steps", -1, r"lr_warmup_steps=-1 is not allowed: an integer >= 0 \(0: no warm-up\)"),
+    ("lr_warmup_steps", 2.5, r"lr_warmup_steps=2.5 is not allowed: an integer >= 0"),
+    ("lr_warmup_steps", True, r"lr_warmup_steps=True is not allowed: an integer >= 0"),
 ])
 def test_bad_values_name_field_value_and_allowed(field, value, match):
     with pytest.raises(ConfigError, match=match):
@@ -53,7 +56,7 @@ def test_unknown_key_is_rejected_with_suggestion():
 
 
 def test_yaml_round_trip(tmp_path):
-    cfg = labkit.RunConfig(batch_size=32, precision="bf16", lr=3e-4, max_steps=10)
+    cfg = labkit.RunConfig(batch_size=32, precision="bf16", lr=3e-4, max_steps=10, lr_warmup_steps=3)
     path = save_config(cfg, tmp_path / "run.yaml")
     assert load_config(path) == cfg
 

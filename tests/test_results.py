@@ -156,3 +156,26 @@ def test_no_reference_gives_empty_frame_with_columns(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path)
     ref = labkit.load_reference()
     assert ref.empty and "step_time_s" in ref and "source" in ref
+
+
+def test_run_configs_keeps_order_and_turns_failures_into_results(fake_fit, tiny_cfg):
+    configs = [tiny_cfg.replace(batch_size=b, train_size=1000) for b in (32, 999, 16)]
+    runs = results.run_configs(configs, progress=False)
+    assert [r.config["batch_size"] for r in runs] == [32, 999, 16]
+    assert [r.ok for r in runs] == [True, False, True] and "NonFiniteLossError" in runs[1].error
+    assert results.run_configs(configs[:1]) and len(fake_fit) == 3  # the first run came from the cache
+
+
+def test_cached_record_computes_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"latency_s": 0.5 * len(calls)}
+
+    assert results.cached_record("abc-inference", compute) == {"latency_s": 0.5}
+    assert results.cached_record("abc-inference", compute) == {"latency_s": 0.5} and len(calls) == 1
+    assert results.cached_record("abc-inference", compute, refresh=True) == {"latency_s": 1.0}
+    (results.results_dir() / "abc-inference.json").write_text("{not json")
+    assert results.cached_record("abc-inference", compute) == {"latency_s": 1.5}

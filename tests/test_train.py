@@ -1,3 +1,4 @@
+import contextlib
 import json
 
 import pytest
@@ -130,3 +131,62 @@ def test_single_sample_micro_batch_with_batchnorm(tiny_cfg):
 
 def test_a_cached_result_has_no_model_but_says_so(tiny_cfg):
     assert labkit.RunResult(config=tiny_cfg.to_dict()).model is None
+
+
+class RecordingDDP(torch.nn.Module):
+    """Stands in for DistributedDataParallel: records, per forward and per backward, whether sync was off."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.syncing, self.forwards, self.backwards = inner, True, [], []
+        next(inner.parameters()).register_hook(lambda grad: self.backwards.append(self.syncing))
+
+    def forward(self, x):
+        self.forwards.append(self.syncing)
+        return self.inner(x)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.syncing = False
+        try:
+            yield
+        finally:
+            self.syncing = True
+
+
+def test_step_skips_gradient_sync_on_all_but_the_last_micro_batch(tiny_cfg):
+    trainer = train.Trainer(tiny_cfg.replace(grad_accum=4))
+    trainer.model = RecordingDDP(trainer.model)
+    images, labels = next(iter(trainer.loader))
+    trainer.step(images, labels)
+    assert trainer.model.forwards == [False, False, False, True]
+    assert trainer.model.backwards == [False, False, False, True]
+    trainer.model.forwards.clear()
+    trainer.model.backwards.clear()
+    trainer.cfg = tiny_cfg  # grad_accum=1: the only micro-batch is the last one and syncs
+    trainer.step(images, labels)
+    assert trainer.model.forwards == [True] and trainer.model.backwards == [True]
+
+
+def test_lr_warmup_raises_the_lr_linearly_over_the_first_steps(tiny_cfg):
+    trainer = train.Trainer(tiny_cfg.replace(lr=1e-3, lr_warmup_steps=4))
+    used = []
+    real_step = trainer.optimizer.step
+
+    def step(*args, **kwargs):
+        used.append(trainer.optimizer.param_groups[0]["lr"])
+        return real_step(*args, **kwargs)
+
+    trainer.optimizer.step = step
+    for images, labels in trainer.batches(6):
+        trainer.step(images, labels)
+    assert used == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    # Without warm-up the lr is untouched; and warm-up changes training itself.
+    plain = labkit.fit(tiny_cfg.replace(evaluate=False))
+    warm = labkit.fit(tiny_cfg.replace(evaluate=False, lr_warmup_steps=4))
+    assert plain.losses[0] == warm.losses[0] and plain.losses[1:] != warm.losses[1:]
+
+
+def test_lr_warmup_must_be_shorter_than_the_run(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"lr_warmup_steps=6 is not allowed: fewer than the run's 6 optimizer steps"):
+        labkit.fit(tiny_cfg.replace(lr_warmup_steps=6))

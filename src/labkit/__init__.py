@@ -10,12 +10,15 @@ from .config import RunConfig, load_config, save_config  # noqa: E402
 from .env import env_report, profile  # noqa: E402
 from .result import RunResult  # noqa: E402
 from .results import load_reference, sweep  # noqa: E402
+from .techniques.batching import estimate_memory, find_max_batch_size  # noqa: E402
 from .train import fit  # noqa: E402
 
 __all__ = [
     "RunConfig",
     "RunResult",
     "env_report",
+    "estimate_memory",
+    "find_max_batch_size",
     "fit",
     "load_config",
     "load_reference",

@@ -39,6 +39,10 @@ class RunConfig:
         batch_size: samples per optimizer step (split into ``grad_accum`` micro-batches).
         precision: ``fp32``, ``fp16`` (autocast + GradScaler), ``bf16`` (autocast) or ``auto``.
         optimizer, lr, weight_decay, momentum: the optimizer (``adamw`` or ``sgd``).
+        lr_warmup_steps: raise the learning rate linearly over the first this-many optimizer steps
+            (step ``s`` uses ``lr * s / lr_warmup_steps``), then keep ``lr``; 0 (the default) means no
+            warm-up. Large batches with a scaled-up ``lr`` need it (Goyal et al. 2017). Must be fewer
+            than the run's optimizer steps (checked when the run starts).
         epochs, max_steps: train for ``epochs`` passes, or exactly ``max_steps`` optimizer steps if set.
         grad_accum: micro-batches per optimizer step; must divide ``batch_size``.
         grad_clip: clip the gradient norm to this value (None: no clipping).
@@ -61,6 +65,7 @@ class RunConfig:
     precision: str = "fp32"
     optimizer: str = "adamw"
     lr: float = 1e-3
+    lr_warmup_steps: int = 0
     weight_decay: float = 0.0
     momentum: float = 0.9
     epochs: int = 1
@@ -102,6 +107,8 @@ class RunConfig:
             raise ConfigError("optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
         if not is_number(self.lr) or not self.lr > 0:
             raise ConfigError("lr", self.lr, "a finite number > 0")
+        if not is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
+            raise ConfigError("lr_warmup_steps", self.lr_warmup_steps, "an integer >= 0 (0: no warm-up)")
         for name in ("weight_decay", "momentum"):
             value = getattr(self, name)
             if not is_number(value) or value < 0:

@@ -25,6 +25,9 @@ class Profile:
         max_steps: the step budget of one fine-tune in the notebooks.
         warmup_steps: untimed plain steps before timing starts (the profiling steps come on top).
         repeats: timed repetitions of latency and timing demos.
+        batch_sizes: the batch sizes notebook 02 sweeps (`labkit.techniques.batching.batch_sweep`).
+        sweep_epochs: epochs of each run in that sweep. Runs there are epoch-based, so that every batch
+            size sees the same data and a larger batch takes fewer, larger steps.
     """
 
     name: str
@@ -34,17 +37,20 @@ class Profile:
     max_steps: int
     warmup_steps: int
     repeats: int
+    batch_sizes: tuple[int, ...]
+    sweep_epochs: int
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 PROFILES = {
-    "ci": Profile("ci", train_size=512, val_size=128, test_size=256, max_steps=16, warmup_steps=1, repeats=5),
+    "ci": Profile("ci", train_size=512, val_size=128, test_size=256, max_steps=16, warmup_steps=1, repeats=5,
+                  batch_sizes=(8, 16, 32, 64), sweep_epochs=1),
     "quick": Profile("quick", train_size=4096, val_size=512, test_size=1024, max_steps=160, warmup_steps=3,
-                     repeats=20),
+                     repeats=20, batch_sizes=(8, 16, 32, 64, 128, 256), sweep_epochs=2),
     "full": Profile("full", train_size=20000, val_size=2000, test_size=5000, max_steps=800, warmup_steps=5,
-                    repeats=50),
+                    repeats=50, batch_sizes=(8, 16, 32, 64, 128, 256), sweep_epochs=3),
 }
 
 

@@ -9,7 +9,7 @@ import json
 import os
 import tempfile
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -135,9 +135,24 @@ def sweep(cfg: RunConfig, refresh: bool = False, progress: bool = True, **axes) 
             raise ConfigError(f"sweep axis {name}", values, "a non-empty list of values, e.g. [32, 64]")
     names = list(axes)
     configs = [cfg.replace(**dict(zip(names, combo, strict=True))) for combo in itertools.product(*axes.values())]
+    return to_frame(run_configs(configs, refresh=refresh, progress=progress))
+
+
+def run_configs(configs: Iterable[RunConfig], refresh: bool = False, progress: bool = True) -> list[RunResult]:
+    """Run each config (through the cache, see `cached_fit`) and return one `RunResult` per config, in order.
+
+    The loop behind `sweep` and `labkit.techniques.batching.batch_sweep`. A run that fails (out of
+    memory, a non-finite loss, a torch error) becomes a result with its ``error`` set instead of
+    stopping the others; a missing dataset stops everything, since every run would fail the same way.
+
+    Example:
+        >>> results = run_configs([cfg.replace(batch_size=b) for b in (32, 64)])
+        >>> [r.step_time_s for r in results]
+    """
+    configs = list(configs)
     for run_cfg in configs:  # a device that is not there fails every run: say so before running any
         resolve_device(run_cfg.device)
-    rows = []
+    done = []
     for run_cfg in configs:
         try:
             result = cached_fit(run_cfg, refresh=refresh, progress=progress)
@@ -148,8 +163,28 @@ def sweep(cfg: RunConfig, refresh: bool = False, progress: bool = True, **axes) 
             del exc  # drop the traceback (and the failed run's tensors) before freeing GPU memory
             _free_cuda_memory()
             result = RunResult(config=run_cfg.to_dict(), env=dict(env_report(run_cfg.device)), error=error)
-        rows.append(to_row(result))
-    return pd.DataFrame(rows)
+        done.append(result)
+    return done
+
+
+def cached_record(key: str, compute: Callable[[], dict], refresh: bool = False) -> dict:
+    """A small JSON-serialisable measurement stored next to the cached runs as ``<key>.json``.
+
+    ``compute()`` runs only when there is no stored record (or ``refresh``); build ``key`` from
+    `cache_key` so that a change of config, hardware or code measures again.
+
+    Example:
+        >>> cached_record(f"{cache_key(cfg, env)}-inference-64", lambda: {"latency_s": 0.01})
+    """
+    path = results_dir() / f"{key}.json"
+    if path.exists() and not refresh:
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            path.unlink()
+    record = compute()
+    _write_atomic(path, record)
+    return record
 
 
 def _free_cuda_memory() -> None:

@@ -23,6 +23,7 @@ from .config import RunConfig
 from .env import env_report, profile, resolve_device, set_tf32
 from .errors import ConfigError, NonFiniteLossError
 from .result import RunResult
+from .techniques.batching import sync_context
 from .techniques.precision import autocast, grad_scaler, resolve_precision
 
 PROFILING_STEPS = 2  # one FLOP-counting step, one memory-tracking step
@@ -121,22 +122,38 @@ class Trainer:
         self.model.train()
         self.optimizer = build_optimizer(cfg, self.model)
         self.scaler = grad_scaler(self.precision, self.device)
+        self.optimizer_steps = 0  # steps taken so far; drives the learning-rate warm-up
         self.loader = data.make_loader(self.train_split, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
                                        drop_last=True, pin_memory=self.device.type == "cuda")
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One optimizer step over ``grad_accum`` micro-batches; returns the loss (a detached tensor)."""
+        """One optimizer step over ``grad_accum`` micro-batches; returns the loss (a detached tensor).
+
+        Applies the learning-rate warm-up (``cfg.lr_warmup_steps``) and, under DDP, skips the gradient
+        all-reduce on all but the last micro-batch (`labkit.techniques.batching.sync_context`).
+        """
         cfg, device = self.cfg, self.device
         x = data.to_model_input(images, self.train_split, device, cfg.channels_last)
         y = labels.to(device, non_blocking=True)
         step_loss = torch.zeros((), device=device)
+        last = cfg.grad_accum - 1
         for index, (micro_x, micro_y) in enumerate(zip(x.chunk(cfg.grad_accum), y.chunk(cfg.grad_accum), strict=True)):
             if index:
                 measure.new_micro_batch()
-            with autocast(self.precision, device):
-                loss = F.cross_entropy(self.model(micro_x), micro_y) / cfg.grad_accum
-            self.scaler.scale(loss).backward()
+            # Under DDP, gradients are all-reduced in the last micro-batch's backward only. DDP decides
+            # whether to sync during the forward pass, so the context covers forward and backward.
+            with sync_context(self.model, last_micro_batch=index == last):
+                with autocast(self.precision, device):
+                    loss = F.cross_entropy(self.model(micro_x), micro_y) / cfg.grad_accum
+                self.scaler.scale(loss).backward()
             step_loss += loss.detach().float()
+        if self.optimizer_steps < cfg.lr_warmup_steps:
+            # Set the lr directly rather than through a scheduler: a GradScaler that skips a step would
+            # make a scheduler warn about its call order, and this costs nothing after the warm-up.
+            lr = cfg.lr * (self.optimizer_steps + 1) / cfg.lr_warmup_steps
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        self.optimizer_steps += 1
         if cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
@@ -168,6 +185,10 @@ class Trainer:
             raise ConfigError(field, getattr(cfg, field),
                               f"enough for more than {untimed} optimizer steps ({prof.warmup_steps} warm-up + "
                               f"{PROFILING_STEPS} profiling steps are never timed); this gives {steps}")
+        if cfg.lr_warmup_steps >= steps:
+            raise ConfigError("lr_warmup_steps", cfg.lr_warmup_steps,
+                              f"fewer than the run's {steps} optimizer steps",
+                              "A warm-up as long as the run never trains at the full lr")
         timer = measure.StepTimer(device)
         # One buffer for every step's loss, allocated up front: keeping a small tensor alive per step
         # scatters the heap on CPU and measurably slowed the following steps (about 7 % here).
