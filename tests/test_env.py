@@ -82,3 +82,17 @@ def test_cpu_bf16_is_native_only_with_bf16_instructions(tmp_path, flags, expecte
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
     assert env.cpu_bf16_native(str(cpuinfo)) is expected
     assert env.cpu_bf16_native(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("flags, expected", [("fpu avx512f avx512_bf16", False), ("fpu avx512_fp16", True),
+                                             ("fpu amx_fp16 amx_tile", True)])
+def test_cpu_fp16_is_native_only_with_fp16_instructions(tmp_path, flags, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert env.cpu_fp16_native(str(cpuinfo)) is expected
+    assert env.cpu_fp16_native(str(tmp_path / "missing")) is None
+
+
+def test_cpu_report_says_whether_fp16_is_native():
+    report = env.env_report("cpu")
+    assert report["fp16_native"] is env.cpu_fp16_native()

@@ -14,5 +14,5 @@ def test_import_labkit_pulls_in_no_notebook_only_package():
 
 def test_public_api_names():
     for name in ("RunConfig", "RunResult", "env_report", "fit", "sweep", "load_config", "load_reference",
-                 "profile"):
+                 "profile", "find_max_batch_size", "estimate_memory"):
         assert hasattr(labkit, name), name

@@ -107,14 +107,23 @@ def has_tensor_cores(capability: tuple[int, int] | None) -> bool:
     return capability is not None and capability >= (7, 0)
 
 
-def cpu_bf16_native(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX); None when it cannot be told (not Linux)."""
+def _cpu_has(wanted: set[str], cpuinfo: str) -> bool | None:
     try:
         with open(cpuinfo) as handle:
             flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
     except OSError:
         return None
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+    return bool(wanted & set(flags))
+
+
+def cpu_bf16_native(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX); None when it cannot be told (not Linux)."""
+    return _cpu_has({"avx512_bf16", "amx_bf16"}, cpuinfo)
+
+
+def cpu_fp16_native(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU has fp16 arithmetic (AVX512-FP16 or AMX-FP16); None when it cannot be told (not Linux)."""
+    return _cpu_has({"avx512_fp16", "amx_fp16"}, cpuinfo)
 
 
 def tf32_state() -> dict:
@@ -186,6 +195,7 @@ def env_report(device: str = "auto") -> EnvReport:
         native = cpu_bf16_native()
         report["bf16"] = native  # None: could not tell (no /proc/cpuinfo)
         report["bf16_emulated"] = native is False
+        report["fp16_native"] = cpu_fp16_native()  # without it fp16 autocast converts around fp32 arithmetic
         report["tensor_cores"] = False
         report["cpu"] = _platform.processor() or _platform.machine()
         report["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
