@@ -10,10 +10,15 @@ from labkit.exercises import WrongAnswer, check
 SOLUTIONS = {
     "00.throughput": 256 / 0.080,          # batch size / step time in seconds = 3200 samples/s
     "00.mfu": 3.0e12 / 0.25 / 65e12,       # achieved FLOP/s / peak FLOP/s ~ 0.185
+    # fixed 25e6 x 16 B = 0.373 GiB; fp32 peak 6.373 GiB; bf16 saves 3 GiB -> 0.471
+    "01.amp_saving": 3.0 / (25e6 * 16 / 2**30 + 6.0),
+    "01.loss_scale": 6,                    # 1e-9 x 2**6 = 6.4e-8 >= 2**-24 = 5.96e-8; 2**5 gives 3.2e-8
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
     "00.mfu": (0.5, "achieved FLOP/s = FLOPs per step / step time"),
+    "01.amp_saving": (0.5, "bf16 saves half the activations and nothing of the fixed part"),  # forgot the fixed part
+    "01.loss_scale": (5, "round up"),
 }
 
 
@@ -59,13 +64,18 @@ def test_percent_instead_of_fraction():
         check("00.mfu", 100 * SOLUTIONS["00.mfu"])
 
 
+def test_scale_instead_of_exponent():
+    with pytest.raises(WrongAnswer, match="give the exponent k of the scale 2\\*\\*k, not the scale itself"):
+        check("01.loss_scale", 64)  # 2**6
+
+
 def test_non_number_answer():
     with pytest.raises(WrongAnswer, match="expected a number, got str"):
         check("00.throughput", "3200")
 
 
 def test_unknown_name_lists_exercises():
-    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu'\]"):
+    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu', '01.amp_saving', '01.loss_scale'\]"):
         check("00.speed", 1)
     with pytest.raises(ConfigError, match="one of"):
         exercises.question("nope")

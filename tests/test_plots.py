@@ -230,3 +230,47 @@ def test_timing_pitfalls_frame_plots_in_milliseconds():
     ax = plots.bar(tp.to_frame(), x="method", y="time_s")
     assert sorted(round(p.get_height(), 6) for p in ax.patches) == [10.0, 40.0, 200.0]
     assert "(ms)" in ax.get_ylabel()
+
+
+def test_memory_breakdown_from_a_results_frame():
+    from labkit.results import to_frame
+
+    memory = {c: (i + 1) * MiB for i, c in enumerate(MEMORY_CATEGORIES)}
+    runs = [result("fp32", memory=memory, peak=12 * MiB), result("bf16", memory=memory, peak=9 * MiB)]
+    frame = to_frame(runs)
+    frame["setup"] = ["A", "B"]
+    ax = plots.memory_breakdown(frame, label="setup")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["A", "B"]
+    assert [p.get_height() for p in ax.patches[::2]] == pytest.approx([1, 2, 3, 4, 5])
+    ax = plots.memory_breakdown(frame)  # labelled by the config fields that differ
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["precision=fp32", "precision=bf16"]
+    with pytest.raises(ConfigError, match="label='stage' is not allowed: a column of the frame"):
+        plots.memory_breakdown(frame, label="stage")
+
+
+def test_history_keeps_runs_and_draws_one_bar_per_run(capsys):
+    history = plots.History(("step_time_s", "peak_memory_bytes"), max_runs=2)
+    for name, time_s in (("fp32", 0.04), ("bf16", 0.02), ("fp16", 0.03)):
+        history(RunResult(config={"model": "small_cnn", "precision": name}, steps=12, timed_steps=9,
+                          step_time_s=time_s, step_time_p10_s=time_s, step_time_p90_s=time_s,
+                          throughput=64 / time_s, peak_memory_bytes=2 * MiB, accuracy=0.5, model_size_bytes=MiB,
+                          num_params=10, num_trainable_params=10, memory={"parameters": MiB}))
+    fig = plt.figure(plt.get_fignums()[-1])
+    time_ax, memory_ax = fig.axes[:2]
+    assert [t.get_text() for t in time_ax.get_xticklabels()] == ["precision=bf16", "precision=fp16"]  # last two
+    assert [p.get_height() for p in time_ax.patches] == pytest.approx([20.0, 30.0])
+    assert memory_ax.get_ylabel() == "peak memory (MiB)"
+    assert "Step time: median 30.00 ms" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="metrics=\\['speed'\\] is not allowed"):
+        plots.History(("speed",))
+
+
+def test_loss_scale_marks_skipped_steps():
+    trace = pd.DataFrame({"step": [1, 2, 3, 4], "scale": [2.0**18, 2.0**17, 2.0**16, 2.0**16],
+                          "skipped": [True, True, False, False]})
+    ax = plots.loss_scale(trace)
+    skipped = next(line for line in ax.lines if line.get_label().startswith("step skipped"))
+    assert list(skipped.get_xdata()) == [1, 2]
+    assert ax.get_yscale() == "log" and "2 of 4 steps skipped" in ax.get_title()
+    with pytest.raises(ConfigError, match="column='scale' is not allowed"):
+        plots.loss_scale(trace.drop(columns="scale"))

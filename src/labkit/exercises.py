@@ -188,3 +188,39 @@ register(Exercise(
     rel_tol=0.03,
     diagnose=_percent_not_fraction,
 ))
+
+
+# --- Notebook 01: mixed precision -------------------------------------------------------------------------
+
+register(Exercise(
+    name="01.amp_saving",
+    template=("A model of {num_params} parameters is fine-tuned with AdamW. In mixed precision its parameters, "
+              "gradients and AdamW's two moments stay float32 (4 bytes each). Its activations take {act_gib} GiB "
+              "in fp32 and half that in bf16. Counting only those parts, what fraction (0..1) of the fp32 "
+              "peak memory does bf16 save? (Use 1 GiB = 2**30 bytes.)"),
+    numbers={"num_params": 25e6, "act_gib": 6.0},
+    expected=lambda n: (n["act_gib"] / 2) / (n["num_params"] * 16 / 2**30 + n["act_gib"]),
+    hint=("fixed = parameters x (4 + 4 + 8) bytes (weights, gradients, two AdamW moments); fp32 peak = fixed + "
+          "activations; bf16 saves half the activations and nothing of the fixed part"),
+    rel_tol=0.02,
+    diagnose=_percent_not_fraction,
+))
+
+
+def _power_of_two_hint(value: float, expected: float) -> str | None:
+    if value > 0 and math.isclose(math.log2(value), expected):
+        return "give the exponent k of the scale 2**k, not the scale itself"
+    return None
+
+
+register(Exercise(
+    name="01.loss_scale",
+    template=("fp16's smallest positive number is 2**-24 (about 5.96e-8); anything smaller becomes 0. A gradient "
+              "element is {grad} in float32. What is the smallest exponent k such that a loss scale of 2**k "
+              "keeps it from underflowing in fp16?"),
+    numbers={"grad": 1e-9},
+    expected=lambda n: math.ceil(math.log2(2.0**-24 / n["grad"])),
+    hint="scaled gradient = gradient x 2**k must be at least 2**-24, so k >= log2(2**-24 / gradient); round up",
+    rel_tol=0.0,
+    diagnose=_power_of_two_hint,
+))

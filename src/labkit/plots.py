@@ -37,6 +37,8 @@ METRICS: dict[str, Metric] = {
     "step_time_p10_s": Metric("step time, 10th percentile", "ms", 1e3),
     "step_time_p90_s": Metric("step time, 90th percentile", "ms", 1e3),
     "train_time_s": Metric("training time", "s", 1.0),
+    "epoch_time_s": Metric("training time per epoch", "s", 1.0),
+    "inference_time_s": Metric("inference time, test split", "ms", 1e3),
     "throughput": Metric("throughput", "samples/s", 1.0),
     "peak_memory_bytes": Metric("peak memory", "MiB", 1 / MiB),
     "reserved_memory_bytes": Metric("reserved memory", "MiB", 1 / MiB),
@@ -115,6 +117,24 @@ def bar(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.
     ax.set_axisbelow(True)
     _finish(ax, series, title or f"{m.label} by {metric(x).label}", notes)
     return ax
+
+
+def bars(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.DataFrame | None = None):
+    """One `bar` chart per metric in ``ys``, side by side in one figure.
+
+    Example:
+        >>> axes = plots.bars(df, x="setup", ys=["step_time_s", "peak_memory_bytes", "accuracy"], reference=ref)
+    """
+    ys = [ys] if isinstance(ys, str) else list(ys)
+    if not ys:
+        raise ConfigError("ys", ys, "a non-empty list of metric columns, e.g. ['step_time_s', 'peak_memory_bytes']")
+    _, axes = plt.subplots(1, len(ys), figsize=(5.5 * len(ys), 4.2), squeeze=False)
+    for ax, column in zip(axes[0], ys, strict=True):
+        bar(df, x=x, y=column, hue=hue, reference=reference, ax=ax)
+        if len(ax.get_xticklabels()) > 3:
+            plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    plt.tight_layout()
+    return list(axes[0])
 
 
 def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.DataFrame | None = None,
@@ -204,7 +224,7 @@ def loss_curve(results, ax=None):
     return ax
 
 
-def memory_breakdown(results, ax=None):
+def memory_breakdown(results, ax=None, label: str | None = None):
     """Stacked bars of each run's memory by category (MiB), with the total peak marked.
 
     Each segment is that category's own peak (``RunResult.memory``), in the order of
@@ -213,17 +233,19 @@ def memory_breakdown(results, ax=None):
     memory breakdown are skipped and counted in the title.
 
     Args:
-        results: a `RunResult`, a list of them (labelled by the config fields that differ) or a dict
-            label -> `RunResult`.
+        results: a `RunResult`, a list of them (labelled by the config fields that differ), a dict
+            label -> `RunResult`, or a results DataFrame (``labkit.sweep``, ``results.to_frame``).
         ax: the Axes to draw on (default: a new figure).
+        label: with a DataFrame, the column that names each bar (default: the config fields that differ).
 
     Returns:
         The matplotlib Axes.
 
     Example:
         >>> ax = plots.memory_breakdown({"fp32": res_fp32, "bf16": res_bf16})
+        >>> ax = plots.memory_breakdown(df, label="setup")
     """
-    labelled = _labelled(results)
+    labelled = _labelled(_frame_rows(results, label) if isinstance(results, pd.DataFrame) else results)
     ax = _axes(ax)
     kept, skipped = {}, []
     for label, res in labelled.items():
@@ -262,6 +284,71 @@ def memory_breakdown(results, ax=None):
     notes = [f"skipped (error or no breakdown): {', '.join(skipped)}"] if skipped else []
     _finish(ax, [None] * len(kept), "memory by category", notes, handles if kept else None)
     return ax
+
+
+def loss_scale(trace: pd.DataFrame, ax=None):
+    """A GradScaler's scale over the optimizer steps (log2 axis), skipped steps marked.
+
+    Args:
+        trace: ``labkit.techniques.precision.scaler_trace(...)``: columns ``step``, ``scale``, ``skipped``.
+        ax: the Axes to draw on (default: a new figure).
+
+    Returns:
+        The matplotlib Axes.
+
+    Example:
+        >>> plots.loss_scale(precision.scaler_trace(cfg, init_scale=2.0**20, growth_interval=4))
+    """
+    for column in ("step", "scale", "skipped"):
+        _check_frame(trace, "trace", {"column": column})
+    ax = _axes(ax)
+    ax.step(trace["step"], trace["scale"], where="post", color="tab:blue", label="loss scale")
+    skipped = trace[trace["skipped"].astype(bool)]
+    ax.plot(skipped["step"], skipped["scale"], linestyle="none", marker="x", color="tab:red", markersize=8,
+            label="step skipped (inf/NaN gradient)")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss scale")
+    ax.grid(alpha=0.3)
+    _finish(ax, [None] * len(trace), f"GradScaler: {len(skipped)} of {len(trace)} steps skipped", [])
+    return ax
+
+
+class History:
+    """A panel's ``show`` that keeps every run of the session and redraws ``metrics`` as bars for all of them.
+
+    Each press of Run adds a bar, labelled by the config fields that differ between the runs, so the
+    learner compares settings side by side instead of reading one run at a time.
+
+    Args:
+        metrics: result columns to chart, one panel each (e.g. ``("step_time_s", "peak_memory_bytes")``).
+        max_runs: the most recent runs kept.
+
+    Example:
+        >>> ExperimentPanel(labkit.results.cached_fit, {"precision": ["fp32", "bf16"]},
+        ...                 show=plots.History(("step_time_s", "peak_memory_bytes")))
+    """
+
+    def __init__(self, metrics=("step_time_s", "peak_memory_bytes"), max_runs: int = 8):
+        unknown = [m for m in metrics if m not in METRICS]
+        if not metrics or unknown:
+            raise ConfigError("metrics", list(metrics), f"a non-empty list of result columns from {sorted(METRICS)}")
+        if not isinstance(max_runs, int) or max_runs < 1:
+            raise ConfigError("max_runs", max_runs, "a positive integer")
+        self.metrics, self.max_runs, self.runs = tuple(metrics), max_runs, []
+
+    def __call__(self, result) -> None:
+        from .findings import headline
+        from .results import to_row
+
+        self.runs = [*self.runs, result][-self.max_runs:]
+        if getattr(result, "error", None):
+            print(f"run failed: {result.error}")
+        else:
+            print(headline(result))
+        frame = pd.DataFrame([to_row(r) for r in self.runs])
+        frame["run"] = list(_labelled(list(self.runs)))
+        bars(frame, x="run", ys=self.metrics)
 
 
 def run_overview(result) -> None:
@@ -407,6 +494,34 @@ def _get(res, name: str):
     if isinstance(res, dict):
         return res.get(name)
     return getattr(res, name, None)
+
+
+def _frame_rows(df: pd.DataFrame, label: str | None) -> dict | list:
+    """A results frame's rows as dicts shaped like RunResults (``memory`` from the ``mem_*`` columns)."""
+    if label is not None and label not in df.columns:
+        raise ConfigError("label", label, f"a column of the frame ({', '.join(map(str, df.columns))})")
+    rows = []
+    for _, row in df.iterrows():
+        item = {k: _none_if_nan(v) for k, v in row.items()}
+        item["memory"] = {c: item.get(f"mem_{c}_bytes") for c in MEMORY_CATEGORIES
+                          if item.get(f"mem_{c}_bytes") is not None}
+        item["config"] = {k: item.get(k) for k in _config_fields() if k in item}
+        rows.append(item)
+    if label is None:
+        return rows
+    labelled = {}
+    for item in rows:
+        name = str(item[label])
+        while name in labelled:
+            name += "'"
+        labelled[name] = item
+    return labelled
+
+
+def _config_fields() -> list[str]:
+    from .config import field_names
+
+    return field_names()
 
 
 def _labelled(results) -> dict:
