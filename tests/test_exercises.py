@@ -13,12 +13,16 @@ SOLUTIONS = {
     # fixed 25e6 x 16 B = 0.373 GiB; fp32 peak 6.373 GiB; bf16 saves 3 GiB -> 0.471
     "01.amp_saving": 3.0 / (25e6 * 16 / 2**30 + 6.0),
     "01.loss_scale": 6,                    # 1e-9 x 2**6 = 6.4e-8 >= 2**-24 = 5.96e-8; 2**5 gives 3.2e-8
+    "02.slope": (59.5 - 17.5) * 1024 / (128 - 32),  # 448 KiB per sample
+    "02.accum": 8,                         # 256 / 8 = 32 <= 48; 256 / 4 = 64 does not fit; 6 does not divide 256
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
     "00.mfu": (0.5, "achieved FLOP/s = FLOPs per step / step time"),
     "01.amp_saving": (0.5, "bf16 saves half the activations and nothing of the fixed part"),  # forgot the fixed part
     "01.loss_scale": (5, "round up"),
+    "02.slope": (59.5 * 1024 / 128, "difference in batch size"),  # peak / batch: forgot the fixed part
+    "02.accum": (6, "grad_accum must divide"),
 }
 
 
@@ -69,13 +73,18 @@ def test_scale_instead_of_exponent():
         check("01.loss_scale", 64)  # 2**6
 
 
+def test_micro_batch_instead_of_accumulation_steps():
+    with pytest.raises(WrongAnswer, match="give the number of accumulation steps, not the micro-batch size"):
+        check("02.accum", 32)
+
+
 def test_non_number_answer():
     with pytest.raises(WrongAnswer, match="expected a number, got str"):
         check("00.throughput", "3200")
 
 
 def test_unknown_name_lists_exercises():
-    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu', '01.amp_saving', '01.loss_scale'\]"):
+    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu', '01.amp_saving', '01.loss_scale', '02.slope', '02.accum'\]"):
         check("00.speed", 1)
     with pytest.raises(ConfigError, match="one of"):
         exercises.question("nope")

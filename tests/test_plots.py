@@ -274,3 +274,31 @@ def test_loss_scale_marks_skipped_steps():
     assert ax.get_yscale() == "log" and "2 of 4 steps skipped" in ax.get_title()
     with pytest.raises(ConfigError, match="column='scale' is not allowed"):
         plots.loss_scale(trace.drop(columns="scale"))
+
+
+def test_an_empty_reference_draws_nothing_whatever_its_columns(df):
+    ax = plots.line(df, x="batch_size", y="step_time_s", hue="precision", reference=pd.DataFrame(columns=["model"]))
+    assert {line.get_linestyle() for line in ax.lines} == {"-"}
+
+
+def test_lines_draws_one_chart_per_metric(df):
+    axes = plots.lines(df, x="batch_size", ys=["step_time_s", "peak_memory_bytes", "accuracy", "step_time_s"],
+                       hue="precision")
+    assert len(axes) == 4 and len(plt.gcf().axes) == 4  # two rows of three, the spare axes removed
+    assert [ax.get_ylabel() for ax in axes[:2]] == ["step time (ms)", "peak memory (MiB)"]
+    with pytest.raises(ConfigError, match="ys=\\[\\] is not allowed"):
+        plots.lines(df, x="batch_size", ys=[])
+
+
+def test_batch_search_plot_marks_probes_budget_and_answer():
+    from labkit.techniques.batching import BatchSearch, Probe
+
+    search = BatchSearch(best=48, tried=[Probe(32, True, 20 * MiB), Probe(64, False, None), Probe(48, True, 30 * MiB)],
+                         budget_bytes=32 * MiB, state_bytes={"total": 4 * MiB})
+    ax = plots.batch_search(search)
+    fits = next(line for line in ax.lines if line.get_label() == "fits")
+    assert list(fits.get_xdata()) == [32, 48] and list(fits.get_ydata()) == [20, 30]
+    failed = next(line for line in ax.lines if line.get_label() == "does not fit")
+    assert list(failed.get_ydata())[0] > 32  # out of memory, no peak: drawn above the budget
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "budget" in labels and "largest that fits: 48" in labels

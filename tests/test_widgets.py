@@ -1,5 +1,7 @@
 """ExperimentPanel without a kernel or training. Also run under ipywidgets 7.7.1 by tests/widgets_ipywidgets7.sh."""
 
+import html
+
 import ipywidgets
 import pytest
 
@@ -158,3 +160,29 @@ def test_panel_displays_as_its_widget():
     bundle = panel._repr_mimebundle_()
     assert "text/plain" in bundle
     assert "Mixed precision" in panel.widget.children[0].value
+
+
+def test_options_go_to_run_as_keywords():
+    seen = []
+
+    def run(cfg, lr_scaling=False):
+        seen.append((cfg.batch_size, lr_scaling))
+        return {"ok": True}
+
+    panel = ExperimentPanel(run, {"batch_size": (16, 256, 16)}, base=RunConfig(max_steps=4),
+                            options={"lr_scaling": [False, "linear", "sqrt"]}, show=lambda r: None)
+    assert panel.options["lr_scaling"].value is False  # the first option
+    panel.options["lr_scaling"].value = "sqrt"
+    panel.click()
+    assert seen == [(64, "sqrt")] and panel.last_error is None
+    assert "lr_scaling='sqrt'" in html.unescape(panel.status.value)
+
+
+def test_options_must_be_keywords_of_run():
+    with pytest.raises(ConfigError, match="options key='warmup' is not allowed: a keyword argument of fake_run"):
+        def fake_run(cfg):
+            return cfg
+
+        ExperimentPanel(fake_run, {"batch_size": (16, 256, 16)}, options={"warmup": [0, 4]})
+    with pytest.raises(ConfigError, match="options=\\[1\\] is not allowed"):
+        ExperimentPanel(lambda cfg: cfg, {"batch_size": (16, 256, 16)}, options=[1])

@@ -224,3 +224,34 @@ register(Exercise(
     rel_tol=0.0,
     diagnose=_power_of_two_hint,
 ))
+
+
+# --- Notebook 02: batch size -------------------------------------------------------------------------------
+
+register(Exercise(
+    name="02.slope",
+    template=("A batch-size sweep measured a peak of {peak_small_mib} MiB at batch {small} and {peak_large_mib} MiB "
+              "at batch {large}. How many KiB of memory does each extra sample cost (the slope)?"),
+    numbers={"small": 32, "peak_small_mib": 17.5, "large": 128, "peak_large_mib": 59.5},
+    expected=lambda n: (n["peak_large_mib"] - n["peak_small_mib"]) * 1024 / (n["large"] - n["small"]),
+    hint="slope = (peak at the large batch - peak at the small one) / (difference in batch size); 1 MiB = 1024 KiB",
+))
+
+
+def _accumulation_hint(value: float, expected: float) -> str | None:
+    if value > 0 and math.isclose(256 / value, expected):
+        return "give the number of accumulation steps, not the micro-batch size"
+    return None
+
+
+register(Exercise(
+    name="02.accum",
+    template=("You want the gradient of a batch of {batch} samples, but at most {max_fit} samples fit in memory at "
+              "once. grad_accum must divide the batch. What is the smallest grad_accum that works?"),
+    numbers={"batch": 256, "max_fit": 48},
+    expected=lambda n: next(k for k in range(1, n["batch"] + 1) if n["batch"] % k == 0 and n["batch"] // k <= n["max_fit"]),
+    hint="the micro-batch is batch / grad_accum: it must be at most the largest that fits, and grad_accum must divide "
+         "the batch (try 2, 4, 8, ...)",
+    rel_tol=0.0,
+    diagnose=_accumulation_hint,
+))

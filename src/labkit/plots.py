@@ -137,6 +137,28 @@ def bars(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.Dat
     return list(axes[0])
 
 
+def lines(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.DataFrame | None = None,
+          logx: bool = False):
+    """One `line` chart per metric in ``ys``, side by side (three to a row).
+
+    Example:
+        >>> axes = plots.lines(df, x="batch_size", ys=["epoch_time_s", "peak_memory_bytes"], logx=True)
+    """
+    ys = [ys] if isinstance(ys, str) else list(ys)
+    if not ys:
+        raise ConfigError("ys", ys, "a non-empty list of metric columns, e.g. ['throughput', 'peak_memory_bytes']")
+    columns = min(3, len(ys))
+    rows = math.ceil(len(ys) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4.0 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax, column in zip(flat, ys, strict=False):
+        line(df, x=x, y=column, hue=hue, reference=reference, ax=ax, logx=logx)
+    for ax in flat[len(ys):]:
+        fig.delaxes(ax)
+    plt.tight_layout()
+    return flat[:len(ys)]
+
+
 def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.DataFrame | None = None,
          ax=None, title: str | None = None, logx: bool = False):
     """Metric ``y`` against a numeric column ``x`` (e.g. batch size), one line per ``hue`` value.
@@ -314,6 +336,46 @@ def loss_scale(trace: pd.DataFrame, ax=None):
     return ax
 
 
+def batch_search(search, ax=None):
+    """The probes of a batch-size search: measured peak against batch size, in the order tried.
+
+    Sizes that fit are green, those that did not red (a cross at the top when the probe ran out of
+    memory and has no peak); the memory budget and the model's own memory are horizontal lines, the
+    answer a vertical one.
+
+    Args:
+        search: a ``labkit.techniques.batching.BatchSearch`` (from ``batching.batch_search``).
+        ax: the Axes to draw on (default: a new figure).
+
+    Example:
+        >>> plots.batch_search(batching.batch_search(cfg, budget_bytes=64 * 2**20))
+    """
+    frame = search.to_frame()
+    ax = _axes(ax)
+    measured = frame[frame["peak_bytes"].notna()]
+    top = max([*(measured["peak_bytes"] / MiB), (search.budget_bytes or 0) / MiB, 1.0]) * 1.08
+    for fits, color, label in ((True, "tab:green", "fits"), (False, "tab:red", "does not fit")):
+        part = frame[frame["fits"] == fits]
+        ys = [p / MiB if p == p and p is not None else top for p in part["peak_bytes"]]
+        ax.plot(part["batch_size"], ys, linestyle="none", marker="o" if fits else "X", color=color, label=label)
+        for size, y, step in zip(part["batch_size"], ys, part["step"], strict=True):
+            ax.annotate(str(step), (size, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+    if search.budget_bytes:
+        ax.axhline(search.budget_bytes / MiB, color="black", linestyle="--", label="budget")
+    if search.state_bytes.get("total"):
+        ax.axhline(search.state_bytes["total"] / MiB, color="grey", linestyle=":",
+                   label="model's own memory (parameters, gradients, optimizer state)")
+    if search.best:
+        ax.axvline(search.best, color="tab:green", alpha=0.4, label=f"largest that fits: {search.best}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(axis_label("batch_size"))
+    ax.set_ylabel(axis_label("peak_memory_bytes"))
+    ax.grid(alpha=0.3)
+    _finish(ax, [None] * len(frame), f"batch-size search: {len(frame)} probes (numbers: order tried)", [])
+    ax.legend(fontsize="small", loc="upper left")  # the probes rise to the right: keep the legend off them
+    return ax
+
+
 class History:
     """A panel's ``show`` that keeps every run of the session and redraws ``metrics`` as bars for all of them.
 
@@ -433,7 +495,7 @@ def _series(df, reference, x, y, hue, numeric_x: bool):
     columns = {"x": x, "y": y, "hue": hue}
     _check_frame(df, "df", columns)
     frames = [(df, False)]
-    if reference is not None:
+    if reference is not None and len(reference):  # an empty reference (none shipped yet) draws nothing
         _check_frame(reference, "reference", columns)
         frames.append((reference, True))
     notes, failed_total, missing_total = [], 0, 0

@@ -77,6 +77,9 @@ class ExperimentPanel:
             when all ints, else FloatSlider) or a bool (Checkbox, initially that value).
         base: the `RunConfig` the controls override (default ``RunConfig()``); it also sets the
             initial dropdown/slider values where they are allowed.
+        options: controls that are not `RunConfig` fields, name -> spec as in ``controls``; their values
+            go to ``run`` as keyword arguments (e.g. ``{"lr_scaling": [False, "linear", "sqrt"]}``), so
+            ``run`` must accept each name.
         show: ``show(result)`` draws the result into the output area (default: ``display(result)``).
             Matplotlib figures it leaves open are displayed and closed after it returns.
         title: a heading above the controls.
@@ -92,7 +95,8 @@ class ExperimentPanel:
         >>> panel   # last line of the cell: shows the panel
     """
 
-    def __init__(self, run, controls: dict, base: RunConfig | None = None, show=None, title: str | None = None):
+    def __init__(self, run, controls: dict, base: RunConfig | None = None, show=None, title: str | None = None,
+                 options: dict | None = None):
         if not callable(run):
             raise ConfigError("run", run, "a callable run(cfg) -> result, e.g. labkit.fit")
         if not isinstance(controls, dict) or not controls:
@@ -104,6 +108,14 @@ class ExperimentPanel:
         self.run = run
         self.show = show if show is not None else display
         self.controls = {name: make_control(name, spec, getattr(self.base, name)) for name, spec in controls.items()}
+        options = {} if options is None else options
+        if not isinstance(options, dict):
+            raise ConfigError("options", options, "None or a dict of run keyword -> options")
+        for name in options:
+            if name in controls or not _accepts_keyword(run, name):
+                raise ConfigError("options key", name, f"a keyword argument of {getattr(run, '__name__', run)} that "
+                                  "is not also a RunConfig control")
+        self.options = {name: make_control(name, spec) for name, spec in options.items()}
         self.button = widgets.Button(description="Run", button_style="primary", tooltip="Train with these settings")
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="progress", style=_WIDE)
         self.status = widgets.HTML(value="Set the controls and press <b>Run</b>.")
@@ -114,7 +126,8 @@ class ExperimentPanel:
         self.button.on_click(lambda _button: self.click())
         header = [widgets.HTML(value=f"<h3>{html.escape(title)}</h3>")] if title else []
         self.widget = widgets.VBox(header + [
-            widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap")),
+            widgets.HBox([*self.controls.values(), *self.options.values()],
+                         layout=widgets.Layout(flex_flow="row wrap")),
             widgets.HBox([self.button, self.progress]),
             self.status,
             self.output,
@@ -148,9 +161,12 @@ class ExperimentPanel:
         figures_before = _open_figures()
         try:
             cfg = self.config()
-            changed = ", ".join(f"{name}={getattr(cfg, name)!r}" for name in self.controls)
+            chosen = {name: w.value for name, w in self.options.items()}
+            changed = ", ".join([*(f"{name}={getattr(cfg, name)!r}" for name in self.controls),
+                                 *(f"{name}={value!r}" for name, value in chosen.items())])
             self.status.value = f"Running with {html.escape(changed)} ..."
             kwargs = {"on_step": self.progress_callback} if self._passes_on_step else {}
+            kwargs.update(chosen)
             result = self.run(cfg, **kwargs)
             with self.output:
                 self.show(result)

@@ -339,3 +339,67 @@ def test_public_names():
     assert labkit.find_max_batch_size is batching.find_max_batch_size
     assert labkit.estimate_memory is batching.estimate_memory
     assert Probe(8, True) == (8, True, None)
+
+
+# --- what notebook 02 reads off the results ------------------------------------------------------------
+
+def _sweep_frame(accuracy, inference_s=(0.040, 0.041, 0.042, 0.043), epoch_s=(0.5, 0.4, 0.3, 0.28)):
+    sizes = [8, 16, 32, 64]
+    return pd.DataFrame({"batch_size": sizes, "peak_memory_bytes": [4e6 + 4e5 * b for b in sizes],
+                         "epoch_time_s": list(epoch_s), "inference_time_s": list(inference_s),
+                         "accuracy": list(accuracy), "profile": "ci", "error": None})
+
+
+def test_seed_claims_verdicts_follow_the_numbers():
+    claims = batching.seed_claims(_sweep_frame([0.70, 0.80, 0.75, 0.60])).set_index("claim")
+    assert claims.loc["memory grows linearly with the batch size", "verdict"] == "reproduced"
+    assert "R^2 = 1.0000" in claims.loc["memory grows linearly with the batch size", "measured"]
+    assert claims.loc["training time per epoch falls as the batch grows", "measured"] == (
+        "0.50 s per epoch at batch 8, 0.28 s at 64 (0.56x)")
+    assert claims.loc["inference time barely moves with the batch size", "verdict"] == "reproduced"
+    assert claims.loc["a middle batch size generalises best", "verdict"] == "reproduced"
+    refuted = batching.seed_claims(_sweep_frame([0.90, 0.80, 0.75, 0.60], inference_s=(0.08, 0.05, 0.04, 0.03),
+                                                epoch_s=(0.5, 0.5, 0.5, 0.5))).set_index("claim").verdict
+    assert list(refuted) == ["reproduced", "refuted", "refuted", "refuted"]
+    flat = batching.seed_claims(_sweep_frame([0.700, 0.701, 0.700, 0.700])).set_index("claim").verdict
+    assert flat["a middle batch size generalises best"] == "inconclusive"  # 0.1 pp < one of 256 test images
+    with pytest.raises(ConfigError, match="at least 3 successful batch sizes"):
+        batching.seed_claims(_sweep_frame([0.7] * 4).iloc[:2])
+
+
+def test_prediction_table_checks_the_line_against_measured_steps(tiny_cfg):
+    table = batching.prediction_table(tiny_cfg, fit_sizes=(16, 32), check_sizes=(64, 96))
+    assert list(table.kind) == ["predicted from 16 and 32", "measured"] * 2
+    measured = table[table.kind == "measured"].set_index("batch_size").peak_memory_bytes
+    assert measured[64] == batching.step_memory(tiny_cfg, 64).total_bytes
+    predicted = table[table.kind != "measured"].set_index("batch_size")
+    assert predicted.error[96] == pytest.approx(predicted.peak_memory_bytes[96] / measured[96] - 1)
+    assert predicted.error.abs().max() < 0.1
+    assert batching.prediction_finding(table).startswith("Predicted from 16 and 32: off by ")
+
+
+def test_compare_lr_scaling_labels_three_sweeps(tiny_cfg):
+    cfg = tiny_cfg.replace(max_steps=None, evaluate=True)
+    df = batching.compare_lr_scaling(cfg, warmup_steps=1, batch_sizes=[8, 16], base_batch_size=16, progress=False)
+    assert list(df.lr_setting) == ["same lr"] * 2 + ["scaled"] * 2 + ["scaled + warm-up"] * 2
+    assert list(df.lr) == [1e-3, 1e-3, 5e-4, 1e-3, 5e-4, 1e-3]
+    assert list(df.lr_warmup_steps) == [0, 0, 0, 0, 1, 1]
+    text = batching.lr_scaling_finding(df).splitlines()
+    assert text[0].startswith("batch 8: same lr ") and text[0].endswith(".") and "best: " in text[0]
+    with pytest.raises(ConfigError, match="warmup_steps=0 is not allowed"):
+        batching.compare_lr_scaling(cfg, warmup_steps=0)
+
+
+def test_accumulation_finding():
+    df = pd.DataFrame({"grad_accum": [2, 1], "batch_size": 64, "peak_memory_bytes": [10 * 2**20, 20 * 2**20],
+                       "step_time_s": [0.06, 0.04], "error": None})
+    assert batching.accumulation_finding(df) == (
+        "Against grad_accum=1 (peak 20.0 MiB, step 40.0 ms), same batch of 64:\n"
+        "grad_accum=2 (micro-batch 32): peak 10.0 MiB (0.50x), step 60.0 ms (1.50x)")
+
+
+def test_run_with_lr_scaling_scales_from_the_base(tiny_cfg):
+    res = batching.run_with_lr_scaling(tiny_cfg.replace(evaluate=False), lr_scaling="linear", base_batch_size=16)
+    assert res.config["lr"] == pytest.approx(2e-3)  # batch 32 = 2 x 16
+    res = batching.run_with_lr_scaling(tiny_cfg.replace(evaluate=False), lr_scaling=False)
+    assert res.config["lr"] == 1e-3

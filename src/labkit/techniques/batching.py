@@ -32,6 +32,7 @@ from torch import nn
 
 from .. import measure
 from ..config import RunConfig, is_int, is_number
+from ..env import PROFILES, profile
 from ..errors import ConfigError, LabkitError
 from ..result import MEMORY_CATEGORIES
 
@@ -900,3 +901,181 @@ def batch_sweep(cfg: RunConfig, batch_sizes: Iterable[int] | None = None, lr_sca
         row.update(inference)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the notebook reads off the results
+
+
+def prediction_table(cfg: RunConfig, fit_sizes: tuple[int, int] = (16, 32), check_sizes: Iterable[int] = (64, 128, 256)):
+    """Predict peak memory from two small measured batches, then measure larger ones to check.
+
+    The prediction is the line ``fixed + bytes_per_sample x batch`` through ``fit_sizes``; each size
+    in ``check_sizes`` is then measured with one real training step (`step_memory`).
+
+    Returns:
+        A long DataFrame, two rows per checked size: ``batch_size``, ``kind`` (``"predicted from a
+        and b"`` or ``"measured"``), ``peak_memory_bytes``; and ``error`` (predicted / measured - 1) on
+        the predicted rows.
+
+    Example:
+        >>> table = prediction_table(cfg); plots.line(table, x="batch_size", y="peak_memory_bytes", hue="kind")
+    """
+    import pandas as pd
+
+    model = memory_model(cfg, batch_sizes=tuple(fit_sizes))
+    label = f"predicted from {fit_sizes[0]} and {fit_sizes[1]}"
+    rows = []
+    for size in check_sizes:
+        predicted = model.predict(size)["total"]
+        measured = step_memory(cfg, size).total_bytes
+        rows.append({"batch_size": size, "kind": label, "peak_memory_bytes": predicted,
+                     "error": predicted / measured - 1})
+        rows.append({"batch_size": size, "kind": "measured", "peak_memory_bytes": measured, "error": None})
+    return pd.DataFrame(rows)
+
+
+def prediction_finding(table) -> str:
+    """How far the two-point prediction was from the measurement at each checked size."""
+    predicted = table[table["kind"] != "measured"]
+    parts = [f"{row.error:+.1%} at batch {row.batch_size}" for row in predicted.itertuples()]
+    worst = predicted["error"].abs().max()
+    return (f"{predicted['kind'].iloc[0].capitalize()}: off by {', '.join(parts)} against the measured peaks "
+            f"(worst {worst:.1%}).")
+
+
+def _verdict(ok: bool | None) -> str:
+    return {True: "reproduced", False: "refuted", None: "inconclusive"}[ok]
+
+
+def seed_claims(df) -> pd.DataFrame:  # noqa: F821 - pandas is imported lazily, as in the rest of this module
+    """Test four common claims about batch size against a `batch_sweep` frame, with the live numbers.
+
+    1. peak memory grows linearly with the batch (least-squares R^2 >= 0.98);
+    2. training time per epoch falls as the batch grows (largest batch under 0.8x the smallest's);
+    3. inference time (predicting the test split) barely moves (slowest / fastest <= 1.5);
+    4. a middle batch generalises best (best accuracy neither at the smallest nor the largest batch,
+       and the spread larger than one test sample per batch size, else inconclusive).
+
+    Returns:
+        A DataFrame: ``claim``, ``measured`` (a sentence with the numbers), ``verdict``.
+
+    Example:
+        >>> seed_claims(batch_sweep(cfg))
+    """
+    import pandas as pd
+
+    ok = df[df["error"].isna()].sort_values("batch_size") if "error" in df else df.sort_values("batch_size")
+    if ok["batch_size"].nunique() < 3:
+        raise ConfigError("df", f"{ok['batch_size'].nunique()} successful batch sizes",
+                          "a batch_sweep frame with at least 3 successful batch sizes")
+    first, last = ok.iloc[0], ok.iloc[-1]
+    line = fit_linear_memory(ok["batch_size"], ok["peak_memory_bytes"])
+    rows = [{
+        "claim": "memory grows linearly with the batch size",
+        "measured": (f"peak = {line.fixed_bytes / 2**20:.1f} MiB + {line.bytes_per_sample / 1024:.0f} KiB x batch, "
+                     f"R^2 = {line.r2:.4f}"),
+        "verdict": _verdict(line.r2 >= 0.98),
+    }]
+    ratio = last["epoch_time_s"] / first["epoch_time_s"]
+    rows.append({
+        "claim": "training time per epoch falls as the batch grows",
+        "measured": (f"{first['epoch_time_s']:.2f} s per epoch at batch {first['batch_size']}, "
+                     f"{last['epoch_time_s']:.2f} s at {last['batch_size']} ({ratio:.2f}x)"),
+        "verdict": _verdict(ratio < 0.8),
+    })
+    slowest, fastest = ok["inference_time_s"].max(), ok["inference_time_s"].min()
+    rows.append({
+        "claim": "inference time barely moves with the batch size",
+        "measured": (f"test-split inference from {fastest * 1e3:.1f} to {slowest * 1e3:.1f} ms across batch sizes "
+                     f"({slowest / fastest:.2f}x)"),
+        "verdict": _verdict(slowest / fastest <= 1.5),
+    })
+    best = ok.loc[ok["accuracy"].idxmax()]
+    spread = ok["accuracy"].max() - ok["accuracy"].min()
+    run_profile = PROFILES.get(ok["profile"].iloc[0]) if "profile" in ok else None
+    noise = 1 / (run_profile or profile()).test_size  # one test image more or fewer
+    inside = first["batch_size"] < best["batch_size"] < last["batch_size"]
+    rows.append({
+        "claim": "a middle batch size generalises best",
+        "measured": (f"best accuracy {best['accuracy']:.1%} at batch {best['batch_size']} "
+                     f"(range {ok['accuracy'].min():.1%}-{ok['accuracy'].max():.1%})"),
+        "verdict": _verdict(inside if spread > noise else None),
+    })
+    return pd.DataFrame(rows)
+
+
+LR_SETTINGS = ("same lr", "scaled", "scaled + warm-up")
+
+
+def compare_lr_scaling(cfg: RunConfig, warmup_steps: int, rule: str = "linear", base_batch_size: int | None = None,
+                       batch_sizes: Iterable[int] | None = None, refresh: bool = False, progress: bool = True):
+    """Three `batch_sweep`s: the same lr at every batch size, lr scaled by ``rule``, and scaled with a warm-up.
+
+    Args:
+        cfg: the base run; ``cfg.lr`` is the lr tuned for ``base_batch_size`` (default ``cfg.batch_size``).
+        warmup_steps: optimizer steps of linear lr warm-up in the third sweep (fewer than any run's steps).
+        rule: ``"linear"`` (Goyal et al. 2017, derived for SGD) or ``"sqrt"`` (often better for Adam).
+
+    Returns:
+        The three frames concatenated, with an ``lr_setting`` column (`LR_SETTINGS`).
+
+    Example:
+        >>> df = compare_lr_scaling(cfg, warmup_steps=4)
+        >>> plots.line(df, x="batch_size", y="accuracy", hue="lr_setting")
+    """
+    import pandas as pd
+
+    if not is_int(warmup_steps) or warmup_steps < 1:
+        raise ConfigError("warmup_steps", warmup_steps, "a positive integer (optimizer steps of lr warm-up)")
+    common = dict(batch_sizes=batch_sizes, base_batch_size=base_batch_size, refresh=refresh, progress=progress)
+    frames = {
+        LR_SETTINGS[0]: batch_sweep(cfg, lr_scaling=False, **common),
+        LR_SETTINGS[1]: batch_sweep(cfg, lr_scaling=rule, **common),
+        LR_SETTINGS[2]: batch_sweep(cfg.replace(lr_warmup_steps=warmup_steps), lr_scaling=rule, **common),
+    }
+    return pd.concat([frame.assign(lr_setting=name) for name, frame in frames.items()], ignore_index=True)
+
+
+def lr_scaling_finding(df) -> str:
+    """Which lr setting gave the best accuracy at each batch size, from `compare_lr_scaling`'s frame."""
+    ok = df[df["error"].isna()] if "error" in df else df
+    lines = []
+    for batch_size, group in ok.groupby("batch_size"):
+        best = group.loc[group["accuracy"].idxmax()]
+        scores = ", ".join(f"{row.lr_setting} {row.accuracy:.1%} (lr {row.lr:.2g})" for row in group.itertuples())
+        lines.append(f"batch {batch_size}: {scores}; best: {best['lr_setting']}.")
+    return "\n".join(lines)
+
+
+def run_with_lr_scaling(cfg: RunConfig, lr_scaling: bool | str = False, base_batch_size: int = 64, on_step=None,
+                        refresh: bool = False):
+    """`labkit.results.cached_fit` with ``cfg.lr`` scaled from ``base_batch_size`` when ``lr_scaling`` is set.
+
+    For a panel whose controls choose the batch size and whether the lr follows it.
+
+    Args:
+        lr_scaling: False (lr as given), True or ``"linear"``, or ``"sqrt"`` (see `scale_lr`).
+        base_batch_size: the batch size ``cfg.lr`` was tuned for (notebook 00's baseline: 64).
+
+    Example:
+        >>> res = run_with_lr_scaling(cfg.replace(batch_size=256), lr_scaling="linear")   # lr x4
+    """
+    from ..results import cached_fit
+
+    if lr_scaling is not False:
+        cfg = scale_lr(cfg, base_batch_size, rule="linear" if lr_scaling is True else lr_scaling)
+    return cached_fit(cfg, refresh=refresh, on_step=on_step)
+
+
+def accumulation_finding(df) -> str:
+    """What gradient accumulation did to peak memory and step time, from a sweep over ``grad_accum``."""
+    ok = df[df["error"].isna()] if "error" in df else df
+    ok = ok.sort_values("grad_accum")
+    base = ok.iloc[0]
+    parts = [f"grad_accum={row.grad_accum} (micro-batch {row.batch_size // row.grad_accum}): peak "
+             f"{row.peak_memory_bytes / 2**20:.1f} MiB ({row.peak_memory_bytes / base['peak_memory_bytes']:.2f}x), "
+             f"step {row.step_time_s * 1e3:.1f} ms ({row.step_time_s / base['step_time_s']:.2f}x)"
+             for row in ok.iloc[1:].itertuples()]
+    return (f"Against grad_accum={base['grad_accum']} (peak {base['peak_memory_bytes'] / 2**20:.1f} MiB, step "
+            f"{base['step_time_s'] * 1e3:.1f} ms), same batch of {base['batch_size']}:\n" + "\n".join(parts))
