@@ -65,6 +65,34 @@ def test_named_stages_cover_every_parameter_exactly_once(name, stages):
     assert [tuple(p.shape) for p in head_params][-1] == (7,)  # the head ends with the classifier's bias
 
 
+@pytest.mark.parametrize("name", list(PARAM_COUNTS))
+def test_the_forward_is_the_blocks_in_a_row_then_the_head(name):
+    """The contract gradient checkpointing relies on: block_names are the stages before the head, and
+    running them in a row followed by forward_head is the model's own forward."""
+    torch.manual_seed(0)
+    model, _ = models.build(name, num_classes=10, pretrained=False)
+    model.eval()
+    stages = dict(models.named_stages(model))
+    assert models.block_names(model) == list(stages)[:-1] == models.block_names(name)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        h = x
+        for block in models.block_names(model):
+            h = stages[block](h)
+        assert torch.equal(models.forward_head(model, h), model(x))
+
+
+def test_block_names_of_models_labkit_cannot_split():
+    with pytest.raises(ConfigError, match=r"model='Linear' is not allowed: a model built by labkit.models.build .* "
+                                          r"to have blocks"):
+        models.block_names(nn.Linear(3, 4))
+    with pytest.raises(ConfigError, match=r"model='vgg16' is not allowed: one of \['small_cnn'"):
+        models.block_names("vgg16")
+    with pytest.raises(ConfigError, match=r"model='Linear' is not allowed: a model built by labkit.models.build .* "
+                                          r"to have a known head"):
+        models.forward_head(nn.Linear(3, 4), torch.zeros(1, 3))
+
+
 def test_named_stages_unwraps_and_recognises_models_not_built_by_labkit():
     plain = torchvision.models.shufflenet_v2_x0_5()
     assert [s for s, _ in models.named_stages(plain)][0] == "stem"

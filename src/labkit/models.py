@@ -275,6 +275,62 @@ def named_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
                       f"a model built by labkit.models.build (one of {available()}) to have named stages")
 
 
+# The stages before the head, by family: the blocks gradient checkpointing wraps (every stage but the
+# head; `block_names` is tested against `named_stages`). The stem is a block too: in a CNN the stem works
+# at full resolution and often holds the largest activations of all.
+_BLOCKS = {
+    "small_cnn": ("stem", "block1", "block2", "block3"),
+    "resnet": ("stem", "layer1", "layer2", "layer3", "layer4"),
+    "shufflenet": ("stem", "stage2", "stage3", "stage4", "conv5"),
+}
+
+
+def block_names(model: nn.Module | str) -> list[str]:
+    """The names of a model's blocks: its stages before the head, in forward order.
+
+    The model's forward is exactly its blocks in a row followed by `forward_head`, which is what lets
+    `labkit.techniques.memory.apply_checkpointing` run the blocks in checkpointed segments.
+
+    Args:
+        model: a model from `build` (wrappers are removed), or a model name.
+
+    Example:
+        >>> block_names("resnet18")
+        ['stem', 'layer1', 'layer2', 'layer3', 'layer4']
+    """
+    if isinstance(model, str):
+        if model not in _FAMILIES:
+            raise ConfigError("model", model, f"one of {available()}")
+        family = _FAMILIES[model]
+    else:
+        family = _family(_unwrap(model))
+    if family not in _BLOCKS:
+        raise ConfigError("model", type(_unwrap(model)).__name__,
+                          f"a model built by labkit.models.build (one of {available()}) to have blocks")
+    return list(_BLOCKS[family])
+
+
+def forward_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What the model's forward does after its last block (see `block_names`): pool, flatten, classify.
+
+    Example:
+        >>> stages = dict(named_stages(model))
+        >>> x = images
+        >>> for name in block_names(model): x = stages[name](x)
+        >>> logits = forward_head(model, x)  # == model(images)
+    """
+    m = _unwrap(model)
+    family = _family(m)
+    if family == "small_cnn":
+        return m.head(x)
+    if family == "resnet":  # torchvision's ResNet._forward_impl
+        return m.fc(torch.flatten(m.avgpool(x), 1))
+    if family == "shufflenet":  # torchvision's ShuffleNetV2._forward_impl (conv5 is a block)
+        return m.fc(x.mean([2, 3]))
+    raise ConfigError("model", type(m).__name__,
+                      f"a model built by labkit.models.build (one of {available()}) to have a known head")
+
+
 def _head_keys(model: nn.Module) -> set[str]:
     m = _unwrap(model)
     head = named_stages(m)[-1][1]
