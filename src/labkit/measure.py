@@ -275,6 +275,8 @@ def _same_device(a, b: torch.device) -> bool:
         return False
     if a.type != "cuda":
         return True
+    if a.index is not None and b.index is not None:
+        return a.index == b.index
     current = torch.cuda.current_device()
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
 
@@ -317,21 +319,38 @@ def track_step_memory(step: Callable[[], object], model: torch.nn.Module,
     # MemTracker files everything allocated inside optimizer.step() as optimizer state, including the
     # step's temporaries (foreach buffers). Keep "optimizer_state" for the persistent state, which we
     # can count exactly, and move the temporaries to "other".
+    # bitsandbytes' paged state lives in CUDA unified memory behind CPU tensors: the tracker files it under
+    # the CPU, so it is added back here, on the GPU it belongs to.
     state = optimizer_state_bytes(optimizer, device)
+    paged = optimizer_state_bytes(optimizer, device, paged_only=True)
     for split in (peaks, at_peak):
-        temporaries = max(0, split["optimizer_state"] - state)
-        split["optimizer_state"] -= temporaries
+        temporaries = max(0, split["optimizer_state"] - (state - paged))
+        split["optimizer_state"] += paged - temporaries
         split["other"] = max(split["other"], temporaries) if split is peaks else split["other"] + temporaries
     return MemoryBreakdown(peak_by_category=peaks, at_peak=at_peak,
                            total_peak_bytes=int(raw_peak.get("Total", sum(at_peak.values()))))
 
 
-def optimizer_state_bytes(optimizer: torch.optim.Optimizer, device: torch.device | str | None = None) -> int:
-    """Bytes of the optimizer's persistent state tensors (e.g. AdamW's exp_avg and exp_avg_sq) on ``device``."""
+def _state_device(value: torch.Tensor) -> torch.device:
+    """Where a state tensor's memory is: a bitsandbytes paged tensor is a CPU tensor over CUDA unified memory."""
+    if getattr(value, "is_paged", False):
+        return torch.device("cuda", getattr(value, "page_deviceid", None))
+    return value.device
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer, device: torch.device | str | None = None,
+                          paged_only: bool = False) -> int:
+    """Bytes of the optimizer's persistent state tensors (e.g. AdamW's exp_avg and exp_avg_sq) on ``device``.
+
+    Tensors shared between parameters (bitsandbytes' quantisation maps) count once. bitsandbytes' paged
+    state counts on the GPU it is paged for; ``paged_only`` counts only that.
+    """
     seen, total = set(), 0
     for state in optimizer.state.values():
         for value in state.values():
-            if not torch.is_tensor(value) or (device is not None and not _same_device(value.device, torch.device(device))):
+            if not torch.is_tensor(value) or (paged_only and not getattr(value, "is_paged", False)):
+                continue
+            if device is not None and not _same_device(_state_device(value), torch.device(device)):
                 continue
             if value.untyped_storage().data_ptr() not in seen:
                 seen.add(value.untyped_storage().data_ptr())
