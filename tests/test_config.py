@@ -25,11 +25,17 @@ def test_defaults_are_valid_and_replace_validates():
     ("lr", -1e-3, r"lr=-0.001 is not allowed: a finite number > 0"),
     ("precision", "fp8", r"precision='fp8' is not allowed: one of \['fp32', 'fp16', 'bf16', 'auto'\]"),
     ("grad_accum", 0, r"grad_accum=0 is not allowed: a positive integer"),
-    ("optimizer", "lion", r"optimizer='lion' is not allowed: one of \['adamw', 'sgd'\]"),
+    ("optimizer", "lion", r"optimizer='lion' is not allowed: one of \['adamw', 'sgd', 'adamw8bit', 'paged_adamw8bit'\]"),
     ("device", "tpu", r"device='tpu' is not allowed"),
     ("grad_clip", 0, r"grad_clip=0 is not allowed: None or a finite number > 0"),
     ("max_steps", 0, r"max_steps=0 is not allowed: None or a positive integer"),
-    ("checkpointing", True, r"checkpointing=True is not allowed.*notebook 03"),
+    ("checkpointing", 0, r"checkpointing=0 is not allowed: False, True \(every block its own segment\) or an "
+                         r"integer >= 1 \(the number of checkpointed segments\)\. checkpointing=False turns it off"),
+    ("checkpointing", -1, r"checkpointing=-1 is not allowed: False, True .* or an integer >= 1"),
+    ("checkpointing", 2.0, r"checkpointing=2.0 is not allowed: False, True .* or an integer >= 1"),
+    ("checkpointing", "all", r"checkpointing='all' is not allowed: False, True .* or an integer >= 1"),
+    ("checkpointing", 5, r"checkpointing=5 is not allowed: False, True or 1 to 4: small_cnn has 4 blocks "
+                         r"\(stem, block1, block2, block3\), and a segment holds at least one"),
     ("freeze", "head_only", r"freeze='head_only' is not allowed"),
     ("pretrained", "yes", r"pretrained='yes' is not allowed: True or False"),
     ("lr", float("nan"), r"lr=nan is not allowed: a finite number > 0"),
@@ -42,6 +48,22 @@ def test_defaults_are_valid_and_replace_validates():
 def test_bad_values_name_field_value_and_allowed(field, value, match):
     with pytest.raises(ConfigError, match=match):
         labkit.RunConfig(**{field: value})
+
+
+def test_checkpointing_accepts_bools_and_segment_counts_up_to_the_models_blocks():
+    assert labkit.RunConfig(checkpointing=True).checkpointing is True
+    assert labkit.RunConfig(checkpointing=4).checkpointing == 4
+    assert labkit.RunConfig(model="resnet18", checkpointing=5).checkpointing == 5
+    with pytest.raises(ConfigError, match=r"checkpointing=6 is not allowed: False, True or 1 to 5: resnet18 has 5 "
+                                          r"blocks \(stem, layer1, layer2, layer3, layer4\)"):
+        labkit.RunConfig(model="resnet18", checkpointing=6)
+
+
+def test_8bit_optimizers_have_no_momentum_setting():
+    assert labkit.RunConfig(optimizer="adamw8bit").optimizer == "adamw8bit"
+    with pytest.raises(ConfigError, match=r"momentum=0.5 is not allowed: 0.9 \(the default\) unless optimizer='sgd'. "
+                                          r"paged_adamw8bit has no momentum setting"):
+        labkit.RunConfig(optimizer="paged_adamw8bit", momentum=0.5)
 
 
 def test_grad_accum_must_divide_batch():

@@ -190,3 +190,19 @@ def test_lr_warmup_raises_the_lr_linearly_over_the_first_steps(tiny_cfg):
 def test_lr_warmup_must_be_shorter_than_the_run(tiny_cfg):
     with pytest.raises(ConfigError, match=r"lr_warmup_steps=6 is not allowed: fewer than the run's 6 optimizer steps"):
         labkit.fit(tiny_cfg.replace(lr_warmup_steps=6))
+
+
+@pytest.mark.parametrize("name, expected", [("adamw", "AdamW"), ("sgd", "SGD"), ("adamw8bit", "AdamW8bit")])
+def test_build_optimizer_builds_each_named_optimizer(tiny_cfg, name, expected):
+    model = torch.nn.Linear(64, 64)
+    opt = train.build_optimizer(tiny_cfg.replace(optimizer=name, lr=0.01), model)
+    assert type(opt).__name__ == expected and opt.param_groups[0]["lr"] == 0.01
+
+
+def test_trainer_checkpoints_the_models_blocks_when_asked(tiny_cfg):
+    plain = train.Trainer(tiny_cfg)
+    assert "forward" not in vars(plain.model)
+    checkpointed = train.Trainer(tiny_cfg.replace(checkpointing=2))
+    assert checkpointed.model.labkit_checkpoint_segments == [["stem", "block1"], ["block2", "block3"]]
+    images, labels = next(iter(plain.loader))
+    assert torch.equal(plain.step(images, labels), checkpointed.step(images, labels))

@@ -1,7 +1,7 @@
 """labkit: a Jupyter-first lab for making PyTorch fine-tuning faster and lighter, measured correctly.
 
 Importing labkit pulls in no notebook-only package (ipywidgets is imported by `labkit.widgets` alone),
-so `labkit bench` runs on a bare GPU machine.
+so `labkit bench` runs on a bare GPU machine; nor bitsandbytes, imported when an 8-bit optimizer is built.
 """
 
 __version__ = "0.1.0"
@@ -11,6 +11,7 @@ from .env import env_report, profile  # noqa: E402
 from .result import RunResult  # noqa: E402
 from .results import load_reference, sweep  # noqa: E402
 from .techniques.batching import estimate_memory, find_max_batch_size  # noqa: E402
+from .techniques.memory import training_memory  # noqa: E402
 from .train import fit  # noqa: E402
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "profile",
     "save_config",
     "sweep",
+    "training_memory",
 ]

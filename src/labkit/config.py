@@ -15,7 +15,7 @@ import yaml
 from .errors import ConfigError
 
 PRECISIONS = ("fp32", "fp16", "bf16", "auto")
-OPTIMIZERS = ("adamw", "sgd")
+OPTIMIZERS = ("adamw", "sgd", "adamw8bit", "paged_adamw8bit")
 DEVICES_HINT = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
@@ -38,7 +38,10 @@ class RunConfig:
         dataset: a name from ``labkit.data.available()``.
         batch_size: samples per optimizer step (split into ``grad_accum`` micro-batches).
         precision: ``fp32``, ``fp16`` (autocast + GradScaler), ``bf16`` (autocast) or ``auto``.
-        optimizer, lr, weight_decay, momentum: the optimizer (``adamw`` or ``sgd``).
+        optimizer, lr, weight_decay, momentum: the optimizer: ``adamw``, ``sgd`` (the only one with a
+            ``momentum``), or bitsandbytes' 8-bit AdamW, ``adamw8bit`` (CPU and GPU) or
+            ``paged_adamw8bit`` (CUDA only: its state can spill to CPU memory); the 8-bit ones need the
+            ``bitsandbytes`` package (see `labkit.techniques.memory`).
         lr_warmup_steps: raise the learning rate linearly over the first this-many optimizer steps
             (step ``s`` uses ``lr * s / lr_warmup_steps``), then keep ``lr``; 0 (the default) means no
             warm-up. Large batches with a scaled-up ``lr`` need it (Goyal et al. 2017). Must be fewer
@@ -46,7 +49,11 @@ class RunConfig:
         epochs, max_steps: train for ``epochs`` passes, or exactly ``max_steps`` optimizer steps if set.
         grad_accum: micro-batches per optimizer step; must divide ``batch_size``.
         grad_clip: clip the gradient norm to this value (None: no clipping).
-        checkpointing, freeze: arrive with their notebooks; only the defaults are accepted now.
+        checkpointing: gradient (activation) checkpointing of the model's blocks, recomputed in the
+            backward pass instead of stored: False (off), True (every block its own segment) or an int,
+            the number of checkpointed segments the blocks are split into (1 to the model's number of
+            blocks, see `labkit.techniques.memory.checkpoint_blocks`).
+        freeze: arrives with its notebook; only the default (None) is accepted now.
         seed: seeds data order, initialisation and augmentation.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         pretrained: start from pretrained weights (ImageNet online, labkit's own checkpoints offline).
@@ -131,10 +138,17 @@ class RunConfig:
         if self.optimizer != "sgd" and self.momentum != 0.9:
             raise ConfigError("momentum", self.momentum, "0.9 (the default) unless optimizer='sgd'",
                               f"{self.optimizer} has no momentum setting")
-        # Reserved for later notebooks.
-        if self.checkpointing is not False:
-            raise ConfigError("checkpointing", self.checkpointing, "False in this version of labkit",
-                              "Gradient checkpointing arrives with notebook 03")
+        if not isinstance(self.checkpointing, bool) and not (is_int(self.checkpointing) and self.checkpointing >= 1):
+            raise ConfigError("checkpointing", self.checkpointing,
+                              "False, True (every block its own segment) or an integer >= 1 (the number of "
+                              "checkpointed segments)", "checkpointing=False turns it off")
+        if is_int(self.checkpointing):
+            blocks = models.block_names(self.model)
+            if self.checkpointing > len(blocks):
+                raise ConfigError("checkpointing", self.checkpointing,
+                                  f"False, True or 1 to {len(blocks)}: {self.model} has {len(blocks)} blocks "
+                                  f"({', '.join(blocks)}), and a segment holds at least one")
+        # Reserved for a later notebook.
         if self.freeze is not None:
             raise ConfigError("freeze", self.freeze, "None in this version of labkit",
                               "Layer freezing arrives with its own notebook")

@@ -23,6 +23,7 @@ from .config import RunConfig
 from .env import env_report, profile, resolve_device, set_tf32
 from .errors import ConfigError, NonFiniteLossError
 from .result import RunResult
+from .techniques import memory
 from .techniques.batching import sync_context
 from .techniques.precision import autocast, grad_scaler, resolve_precision
 
@@ -38,8 +39,11 @@ def _splits(name: str, train_size: int, val_size: int, test_size: int) -> dict:
 
 
 def build_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The optimizer named by ``cfg.optimizer`` over the trainable parameters."""
+    """The optimizer named by ``cfg.optimizer`` over the trainable parameters (8-bit ones: bitsandbytes,
+    see `labkit.techniques.memory.build_8bit_optimizer`)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer in memory.EIGHT_BIT_OPTIMIZERS:
+        return memory.build_8bit_optimizer(params, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -117,6 +121,8 @@ class Trainer:
                               f"{cfg.model} has BatchNorm, which needs more than one value per channel")
         if self.weights.warning:
             self.warnings.append(self.weights.warning)
+        if cfg.checkpointing is not False:
+            memory.apply_checkpointing(model, cfg.checkpointing)
         memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(self.device, memory_format=memory_format)
         self.model.train()
