@@ -278,7 +278,8 @@ def checkpoint_tradeoff(cfg: RunConfig, segments: Iterable[int] | None = None, r
     """
     import pandas as pd
 
-    from .. import results, train
+    from .. import data, results, train
+    from .precision import autocast
 
     names = checkpoint_blocks(cfg.model)
     counts = list(range(len(names) + 1) if segments is None else segments)
@@ -296,9 +297,6 @@ def checkpoint_tradeoff(cfg: RunConfig, segments: Iterable[int] | None = None, r
     base = runs[counts.index(0)] if 0 in counts else runs[-1]
     trainer = train.Trainer(cfg.replace(checkpointing=False, evaluate=False, pretrained=False))
     images, _ = next(iter(trainer.loader))
-    from .. import data
-    from .precision import autocast
-
     with autocast(trainer.precision, trainer.device):
         block_profile = _profile_blocks(trainer.model, data.to_model_input(
             images, trainer.train_split, trainer.device, cfg.channels_last))
