@@ -148,8 +148,23 @@ def test_reference_results_load_in_sweep_shape(tmp_path, monkeypatch, tiny_cfg):
     assert len(ref) == 1 and ref.source.iloc[0].startswith("reference: Tesla T4 ")
     assert ref.step_time_s.iloc[0] == 0.02 and ref.model.iloc[0] == "small_cnn"
     assert len(labkit.load_reference(model="resnet18")) == 0
-    with pytest.raises(ConfigError, match="load_reference filter key='gpu_name'"):
+    with pytest.raises(ConfigError, match="load_reference filter='gpu_name' is not allowed: a column of these"):
         labkit.load_reference(gpu_name="T4")
+
+
+def test_reference_rows_load_as_written_and_filter_on_their_own_columns(tmp_path, monkeypatch):
+    import pandas as pd
+
+    monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path)
+    rows = pd.DataFrame({"batch_size": [8, 16], "epoch_time_s": [0.5, 0.3], "lr_setting": ["same lr", "scaled"]})
+    results.write_reference([], tmp_path / "02_batch_size-sweep-t4.json", rows=rows,
+                            env={"gpu": "Tesla T4", "profile": "full"})
+    ref = labkit.load_reference("02_batch_size-sweep*", lr_setting="scaled")
+    assert ref.to_dict(orient="records") == [{"batch_size": 16, "epoch_time_s": 0.3, "lr_setting": "scaled",
+                                              "source": ref.source.iloc[0]}]
+    assert ref.source.iloc[0].startswith("reference: Tesla T4")
+    assert labkit.load_reference("nothing-here*", lr_setting="scaled").empty  # nothing shipped: no error
+    assert json.loads((tmp_path / "02_batch_size-sweep-t4.json").read_text())["profile"] == "full"
 
 
 def test_no_reference_gives_empty_frame_with_columns(tmp_path, monkeypatch):

@@ -70,8 +70,10 @@ def _cmd_pretrain(args) -> int:
 def _cmd_bench(args) -> int:
     from .bench import run_bench
 
-    path = run_bench(out_dir=Path(args.out) if args.out else None)
-    print(f"wrote {path}")
+    paths = run_bench(out_dir=Path(args.out) if args.out else None, profile_name=args.profile,
+                      experiments=args.experiments or None)
+    for path in paths:
+        print(f"wrote {path}")
     return 0
 
 
@@ -91,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("pretrain", help="train labkit's offline checkpoints on the shapes_source task")
     pre.add_argument("models", nargs="*", default=["small_cnn", "shufflenet_v2_x0_5"])
     pre.add_argument("--steps", type=int, default=None, help="optimizer steps (default: each model's recipe)")
-    bench = sub.add_parser("bench", help="notebook-00 baseline + timing demo at the full profile -> reference JSON")
-    bench.add_argument("--out", help="folder for the JSON (default: src/labkit/assets/reference)")
+    bench = sub.add_parser("bench", help="the notebooks' experiments at the full profile -> reference JSON files")
+    bench.add_argument("--out", help="folder for the JSON files (default: src/labkit/assets/reference)")
+    bench.add_argument("--profile", default="full", choices=["ci", "quick", "full"], help="default: full")
+    bench.add_argument("experiments", nargs="*", help="notebook names, e.g. 01_mixed_precision (default: all)")
     return parser
 
 

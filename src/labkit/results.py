@@ -197,37 +197,52 @@ def _free_cuda_memory() -> None:
 def load_reference(pattern: str = "*", **where) -> pd.DataFrame:
     """Results measured on real GPUs, from ``src/labkit/assets/reference/<pattern>.json``.
 
-    Each file holds ``{"gpu", "date", "versions", "runs": [RunResult dicts]}``. Rows match `sweep`'s
-    shape with ``source = "reference: <gpu> <date>"``. ``where`` filters on config fields.
+    Each file holds ``{"gpu", "date", "versions", "runs": [RunResult dicts], "rows": [...]}``: runs
+    become rows shaped like `sweep`'s; ``rows`` (a frame written as records, e.g. a batch sweep with
+    its extra columns) are taken as they are. Every row gets ``source = "reference: <gpu> <date>"``.
+    ``where`` filters on columns (config fields, or a part's own columns such as ``lr_setting``).
 
     Example:
-        >>> ref = labkit.load_reference(model="small_cnn")
+        >>> ref = labkit.load_reference("01_mixed_precision-compare*", model="small_cnn")
     """
-    check_keys(where, "load_reference filter")
     frames = []
     for path in sorted(REFERENCE_DIR.glob(f"{pattern}.json")):
         payload = json.loads(path.read_text())
         source = f"reference: {payload.get('gpu', path.stem)} {payload.get('date', '')}".strip()
-        frames.append(to_frame((RunResult.from_dict(r) for r in payload.get("runs", [])), source=source))
-    if not frames:
-        return pd.DataFrame(columns=[*field_names(), *METRIC_COLUMNS, "source", "error"])
-    frame = pd.concat(frames, ignore_index=True)
+        if payload.get("runs"):
+            frames.append(to_frame((RunResult.from_dict(r) for r in payload["runs"]), source=source))
+        if payload.get("rows"):
+            frames.append(pd.DataFrame(payload["rows"]).assign(source=source))
+    frame = (pd.concat(frames, ignore_index=True) if frames
+             else pd.DataFrame(columns=[*field_names(), *METRIC_COLUMNS, "source", "error"]))
     for name, value in where.items():
+        if name not in frame.columns:
+            if name in field_names() or frame.empty:
+                return frame.iloc[0:0]  # nothing shipped for this filter yet
+            raise ConfigError("load_reference filter", name, f"a column of these references ({', '.join(frame.columns)})")
         frame = frame[frame[name] == value]
     return frame.reset_index(drop=True)
 
 
-def write_reference(results: list[RunResult], path: Path, extras: dict | None = None) -> Path:
-    """Write results as a reference file labelled with GPU, date and versions (see `load_reference`)."""
+def write_reference(results: list[RunResult], path: Path, extras: dict | None = None, rows=None,
+                    env: dict | None = None) -> Path:
+    """Write results as a reference file labelled with GPU, date and versions (see `load_reference`).
+
+    Args:
+        results: RunResults, stored whole. rows: a DataFrame stored as records (None: none).
+        extras: anything else worth keeping (JSON-serialisable). env: the machine's report (default:
+            the first result's, else this machine's).
+    """
     import datetime
 
-    env = results[0].env if results else env_report()
+    env = env or (results[0].env if results else env_report())
     payload = {
         "gpu": env.get("gpu") or f"CPU ({env.get('cpu')})",
         "date": datetime.date.today().isoformat(),
-        "profile": env.get("profile", profile().name),  # the profile the runs used, not the caller's
+        "profile": env.get("profile") or profile().name,  # the profile the runs used, not the caller's
         "versions": {k: env.get(k) for k in ("torch", "torchvision", "labkit", "python")},
         "runs": [r.to_dict() for r in results],
+        "rows": [] if rows is None else json.loads(rows.to_json(orient="records")),
         "extras": extras or {},
     }
     _write_atomic(Path(path), payload)
