@@ -403,3 +403,12 @@ def test_run_with_lr_scaling_scales_from_the_base(tiny_cfg):
     assert res.config["lr"] == pytest.approx(2e-3)  # batch 32 = 2 x 16
     res = batching.run_with_lr_scaling(tiny_cfg.replace(evaluate=False), lr_scaling=False)
     assert res.config["lr"] == 1e-3
+
+
+def test_state_bytes_counts_8bit_optimizer_state_as_measured(tiny_cfg):
+    cfg = tiny_cfg.replace(optimizer="adamw8bit")
+    model, _ = labkit.models.build(cfg.model, 10)
+    eight_bit, adamw = batching.state_bytes(model, cfg), batching.state_bytes(model, tiny_cfg)
+    assert eight_bit["optimizer_state"] < adamw["optimizer_state"] / 3  # ~2 B vs 8 B per parameter
+    measured = batching.step_memory(cfg, 8).breakdown.peak_by_category["optimizer_state"]
+    assert eight_bit["optimizer_state"] == measured

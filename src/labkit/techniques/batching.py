@@ -202,20 +202,18 @@ def state_bytes(model: nn.Module, cfg: RunConfig, device: torch.device | str = "
 
     ``parameters`` (with buffers), ``gradients`` (one per trainable parameter), ``optimizer_state``
     (AdamW: two moments per trainable parameter, plus a 4-byte step counter per tensor when training on
-    the CPU, where the counters live; SGD: one momentum buffer when ``momentum > 0``) and ``total``.
+    the CPU, where the counters live; SGD: one momentum buffer when ``momentum > 0``; 8-bit AdamW: about
+    2 bytes per parameter, 32-bit state for tensors below ``min_8bit_size``) and ``total``, computed by
+    `labkit.techniques.memory.model_training_memory`.
 
     Example:
         >>> state_bytes(model, cfg)["total"]
     """
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    params += sum(b.numel() * b.element_size() for b in model.buffers())
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    grads = sum(p.numel() * p.element_size() for p in trainable)
-    if cfg.optimizer == "adamw":
-        state = 2 * grads + (4 * len(trainable) if torch.device(device).type == "cpu" else 0)
-    else:
-        state = grads if cfg.momentum > 0 else 0
-    return {"parameters": params, "gradients": grads, "optimizer_state": state, "total": params + grads + state}
+    from .memory import model_training_memory  # the one bytes-per-parameter accounting (8-bit optimizers too)
+
+    own = model_training_memory(model, "fp32", cfg.optimizer, device=device, momentum=cfg.momentum > 0)
+    parts = {"parameters": own["weights"], "gradients": own["gradients"], "optimizer_state": own["optimizer_state"]}
+    return {**parts, "total": sum(parts.values())}
 
 
 @dataclass

@@ -519,7 +519,7 @@ def memory_savings(df, low: str) -> str:
         (b0, s0), (b1, s1) = savings[0], savings[-1]
         trend = "grows" if s1 > s0 else "does not grow"
         lines.append(f"The saving {trend} with the batch: {s0 / MiB:.1f} MiB at batch {b0}, {s1 / MiB:.1f} MiB at "
-                     f"batch {b1}, because only the activations (which scale with the batch) shrink.")
+                     f"batch {b1}: only the parts that scale with the batch (activations, backward buffers) shrink.")
     return "\n".join(lines)
 
 
