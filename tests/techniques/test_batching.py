@@ -361,6 +361,10 @@ def test_seed_claims_verdicts_follow_the_numbers():
     refuted = batching.seed_claims(_sweep_frame([0.90, 0.80, 0.75, 0.60], inference_s=(0.08, 0.05, 0.04, 0.03),
                                                 epoch_s=(0.5, 0.5, 0.5, 0.5))).set_index("claim").verdict
     assert list(refuted) == ["reproduced", "refuted", "refuted", "refuted"]
+    turning = batching.seed_claims(_sweep_frame([0.7, 0.8, 0.75, 0.6], epoch_s=(0.5, 0.3, 0.2, 0.35)))
+    turning = turning.set_index("claim").loc["training time per epoch falls as the batch grows"]
+    assert turning.verdict == "partly: falls up to batch 32, then rises"
+    assert turning.measured.endswith("; fastest 0.20 s at batch 32, slower beyond")
     flat = batching.seed_claims(_sweep_frame([0.700, 0.701, 0.700, 0.700])).set_index("claim").verdict
     assert flat["a middle batch size generalises best"] == "inconclusive"  # 0.1 pp < one of 256 test images
     with pytest.raises(ConfigError, match="at least 3 successful batch sizes"):
