@@ -20,7 +20,7 @@ INSTALL_MARK = "%pip install"
 
 
 def expected_lines(name: str) -> dict:
-    return {BADGE_PREFIX: project.badges(name), INSTALL_MARK: f'    %pip install -q "{project.install_spec()}"'}
+    return {BADGE_PREFIX: project.badges(name), INSTALL_MARK: f'    %pip install -q "{project.install_spec(name)}"'}
 
 
 def sync(path: Path, check: bool = False) -> list[str]:

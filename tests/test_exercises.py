@@ -15,6 +15,8 @@ SOLUTIONS = {
     "01.loss_scale": 6,                    # 1e-9 x 2**6 = 6.4e-8 >= 2**-24 = 5.96e-8; 2**5 gives 3.2e-8
     "02.slope": (59.5 - 17.5) * 1024 / (128 - 32),  # 448 KiB per sample
     "02.accum": 8,                         # 256 / 8 = 32 <= 48; 256 / 4 = 64 does not fit; 6 does not divide 256
+    "03.adam_state": 56.0,                 # 7e9 x 8 B = 56e9 B
+    "03.eight_bit_bytes": 2.03125,         # 2 x (1 + 4 / 256)
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
@@ -23,6 +25,8 @@ WRONG = {
     "01.loss_scale": (5, "round up"),
     "02.slope": (59.5 * 1024 / 128, "difference in batch size"),  # peak / batch: forgot the fixed part
     "02.accum": (6, "grad_accum must divide"),
+    "03.adam_state": (28.0, "two moments x 4 bytes"),  # one moment only
+    "03.eight_bit_bytes": (2.0, "add the fp32 scale stored for every block"),
 }
 
 
@@ -84,7 +88,7 @@ def test_non_number_answer():
 
 
 def test_unknown_name_lists_exercises():
-    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu', '01.amp_saving', '01.loss_scale', '02.slope', '02.accum'\]"):
+    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu', '01.amp_saving', '01.loss_scale', '02.slope', '02.accum', '03.adam_state', '03.eight_bit_bytes'\]"):
         check("00.speed", 1)
     with pytest.raises(ConfigError, match="one of"):
         exercises.question("nope")

@@ -302,3 +302,32 @@ def test_batch_search_plot_marks_probes_budget_and_answer():
     assert list(failed.get_ydata())[0] > 32  # out of memory, no peak: drawn above the budget
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "budget" in labels and "largest that fits: 48" in labels
+
+
+def test_checkpoint_tradeoff_plot_draws_memory_and_the_trade():
+    frame = pd.DataFrame({"segments": [0, 1, 2], "peak_memory_bytes": [30 * MiB, 30 * MiB, 28 * MiB],
+                          "mem_activations_bytes": [26 * MiB, 26 * MiB, 20 * MiB],
+                          "predicted_activation_bytes": [26 * MiB, 26 * MiB, 19 * MiB],
+                          "peak_ratio": [1.0, 1.0, 0.93], "activation_ratio": [1.0, 1.0, 0.77],
+                          "time_ratio": [1.0, 1.3, 1.35], "sqrt_rule_segments": 2, "error": None})
+    left, right = plots.checkpoint_tradeoff(frame)
+    measured = next(line for line in left.lines if line.get_label() == "activations (measured)")
+    assert list(measured.get_ydata()) == pytest.approx([26, 26, 20])
+    rule = next(line for line in left.lines if line.get_label() == "sqrt(n) rule")
+    assert list(rule.get_xdata()) == [2, 2]
+    peak = next(line for line in right.lines if line.get_label() == "peak (ratio)")
+    assert list(peak.get_xdata()) == [1.0, 1.3, 1.35] and list(peak.get_ydata()) == [1.0, 1.0, 0.93]
+    with pytest.raises(ConfigError, match="column='time_ratio' is not allowed"):
+        plots.checkpoint_tradeoff(frame.drop(columns="time_ratio"))
+
+
+def test_history_can_draw_the_stacked_memory_chart():
+    history = plots.History(("memory_breakdown", "step_time_s"))
+    for name in ("fp32", "bf16"):
+        history(RunResult(config={"model": "small_cnn", "precision": name}, steps=12, timed_steps=9,
+                          step_time_s=0.04, step_time_p10_s=0.04, step_time_p90_s=0.04, throughput=1600.0,
+                          peak_memory_bytes=3 * MiB, accuracy=0.5, model_size_bytes=MiB, num_params=10,
+                          num_trainable_params=10, memory={"parameters": MiB, "activations": 2 * MiB}))
+    stacked = plt.figure(plt.get_fignums()[-1]).axes[0]
+    assert [t.get_text() for t in stacked.get_xticklabels()] == ["precision=fp32", "precision=bf16"]
+    assert stacked.get_ylabel() == "memory (MiB)"

@@ -46,12 +46,13 @@ def test_bench_parts_for_notebooks_01_and_02_load_back(tmp_path, monkeypatch, ti
     from labkit import results
 
     cfg = tiny_cfg.replace(max_steps=8)
-    paths = run_bench(out_dir=tmp_path, profile_name="ci", experiments=["01_mixed_precision", "02_batch_size"],
-                      cfg=cfg)
+    paths = run_bench(out_dir=tmp_path, profile_name="ci",
+                      experiments=["01_mixed_precision", "02_batch_size", "03_memory_savers"], cfg=cfg)
     parts = sorted(p.name.split("-cpu-")[0] for p in paths)
     assert parts == sorted(["01_mixed_precision-compare", "01_mixed_precision-memory", "01_mixed_precision-layouts",
                             "01_mixed_precision-scaler", "02_batch_size-sweep", "02_batch_size-accumulation",
-                            "02_batch_size-search", "02_batch_size-prediction"])
+                            "02_batch_size-search", "02_batch_size-prediction", "03_memory_savers-tradeoff",
+                            "03_memory_savers-staged", "03_memory_savers-optimizers"])
     monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path)
     compare = labkit.load_reference("01_mixed_precision-compare*")
     assert len(compare) == 4 and compare.source.str.startswith("reference: CPU").all()
@@ -59,5 +60,7 @@ def test_bench_parts_for_notebooks_01_and_02_load_back(tmp_path, monkeypatch, ti
     assert {"epoch_time_s", "inference_time_s", "lr_setting"} <= set(sweep.columns)  # rows kept as they were
     search = json.loads(next(p for p in paths if "-search-" in p.name).read_text())["extras"]
     assert search["best"] > 0 and search["budget_bytes"] == 64 * 2**20 and search["tried"][0]["fits"] in (True, False)
+    staged = labkit.load_reference("03_memory_savers-staged*")
+    assert list(staged.stage) == ["baseline", "+AMP", "+checkpointing", "+8-bit optimizer", "all together"]
     with pytest.raises(ConfigError, match="experiments=\\['03_nope'\\] is not allowed"):
         run_bench(out_dir=tmp_path, experiments=["03_nope"])

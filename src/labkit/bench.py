@@ -107,10 +107,24 @@ def _bench_02(cfg: RunConfig) -> list[Part]:
     ]
 
 
+def _bench_03(cfg: RunConfig) -> list[Part]:
+    from .env import resolve_device
+    from .techniques import memory
+
+    optimizers = ["adamw", "adamw8bit"] + (["paged_adamw8bit"] if resolve_device(cfg.device).type == "cuda" else [])
+    return [
+        Part("tradeoff", rows=memory.checkpoint_tradeoff(cfg)),
+        Part("staged", rows=memory.staged_runs(cfg).frame),
+        Part("optimizers", run_configs([cfg.replace(optimizer=name) for name in optimizers]),
+             extras={"calculator": _records(memory.calculator_check(cfg.replace(optimizer="adamw8bit")))}),
+    ]
+
+
 EXPERIMENTS: dict[str, Callable[[RunConfig], list[Part]]] = {
     "00_start_here": _bench_00,
     "01_mixed_precision": _bench_01,
     "02_batch_size": _bench_02,
+    "03_memory_savers": _bench_03,
 }
 
 

@@ -255,3 +255,34 @@ register(Exercise(
     rel_tol=0.0,
     diagnose=_accumulation_hint,
 ))
+
+
+# --- Notebook 03: memory savers ---------------------------------------------------------------------------
+
+register(Exercise(
+    name="03.adam_state",
+    template=("A model of {num_params} parameters is fine-tuned with AdamW, which keeps two float32 moments per "
+              "parameter. How many GB (1 GB = 1e9 bytes) of optimizer state is that?"),
+    numbers={"num_params": 7e9},
+    expected=lambda n: n["num_params"] * 2 * 4 / 1e9,
+    hint="two moments x 4 bytes = 8 bytes per parameter; divide the bytes by 1e9",
+))
+
+
+def _forgot_block_scales(value: float, expected: float) -> str | None:
+    if math.isclose(value, 2.0):
+        return "the two 1-byte moments are right; add the fp32 scale stored for every block of values"
+    return None
+
+
+register(Exercise(
+    name="03.eight_bit_bytes",
+    template=("bitsandbytes' 8-bit AdamW stores each of its two moments as 1 byte per value, plus one float32 "
+              "scale (4 bytes) per block of {block} values of each moment. How many bytes per parameter does its "
+              "state take for a large tensor? (Give at least three decimals.)"),
+    numbers={"block": 256},
+    expected=lambda n: 2 * (1 + 4 / n["block"]),
+    hint="per moment: 1 byte + 4 bytes / block size; there are two moments",
+    rel_tol=0.001,
+    diagnose=_forgot_block_scales,
+))

@@ -56,6 +56,7 @@ METRICS: dict[str, Metric] = {
 }
 
 _LIVE = "live"
+BREAKDOWN = "memory_breakdown"  # History's pseudo-metric: the stacked memory chart
 _REFERENCE = "reference"
 
 
@@ -376,11 +377,53 @@ def batch_search(search, ax=None):
     return ax
 
 
+def checkpoint_tradeoff(frame: pd.DataFrame):
+    """Gradient checkpointing's trade-off, from ``memory.checkpoint_tradeoff``: two charts side by side.
+
+    Left: activations (measured, and predicted by Chen et al.'s cost model) and peak memory against
+    the number of checkpointed segments, the sqrt(n) rule's choice marked. Right: the trade-off curve,
+    memory ratio against time ratio (both relative to no checkpointing), one point per segment count.
+
+    Example:
+        >>> plots.checkpoint_tradeoff(memory.checkpoint_tradeoff(cfg))
+    """
+    for column in ("segments", "peak_memory_bytes", "mem_activations_bytes", "predicted_activation_bytes",
+                   "peak_ratio", "activation_ratio", "time_ratio", "sqrt_rule_segments"):
+        _check_frame(frame, "frame", {"column": column})
+    ok = frame[~_failed(frame)].sort_values("segments")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.4))
+    left.plot(ok["segments"], ok["mem_activations_bytes"] / MiB, marker="o", label="activations (measured)")
+    left.plot(ok["segments"], ok["predicted_activation_bytes"] / MiB, marker="x", linestyle="--",
+              label="activations (Chen et al. cost model)")
+    left.plot(ok["segments"], ok["peak_memory_bytes"] / MiB, marker="s", label="peak memory")
+    if len(ok):
+        left.axvline(ok["sqrt_rule_segments"].iloc[0], color="grey", linestyle=":", label="sqrt(n) rule")
+    left.set_xticks(list(ok["segments"]))
+    left.set_xlabel("checkpointed segments (0 = off)")
+    left.set_ylabel("memory (MiB)")
+    left.grid(alpha=0.3)
+    _finish(left, [None] * len(ok), "memory vs segments", [])
+    for name, marker in (("peak_ratio", "s"), ("activation_ratio", "o")):
+        right.plot(ok["time_ratio"], ok[name], marker=marker, linestyle="none",
+                   label=name.replace("_ratio", "").replace("activation", "activations") + " (ratio)")
+        for seg, x, y in zip(ok["segments"], ok["time_ratio"], ok[name], strict=True):
+            right.annotate(str(int(seg)), (x, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    right.axvline(1.0, color="grey", linewidth=0.8)
+    right.set_xlabel("step time relative to no checkpointing")
+    right.set_ylabel("memory relative to no checkpointing")
+    right.grid(alpha=0.3)
+    _finish(right, [None] * len(ok), "trade-off (numbers: segments)", [])
+    plt.tight_layout()
+    return left, right
+
+
 class History:
     """A panel's ``show`` that keeps every run of the session and redraws ``metrics`` as bars for all of them.
 
     Each press of Run adds a bar, labelled by the config fields that differ between the runs, so the
-    learner compares settings side by side instead of reading one run at a time.
+    learner compares settings side by side instead of reading one run at a time. The pseudo-metric
+    ``"memory_breakdown"`` draws the stacked memory chart of every run.
 
     Args:
         metrics: result columns to chart, one panel each (e.g. ``("step_time_s", "peak_memory_bytes")``).
@@ -392,9 +435,10 @@ class History:
     """
 
     def __init__(self, metrics=("step_time_s", "peak_memory_bytes"), max_runs: int = 8):
-        unknown = [m for m in metrics if m not in METRICS]
+        unknown = [m for m in metrics if m not in METRICS and m != BREAKDOWN]
         if not metrics or unknown:
-            raise ConfigError("metrics", list(metrics), f"a non-empty list of result columns from {sorted(METRICS)}")
+            raise ConfigError("metrics", list(metrics), f"a non-empty list of result columns from {sorted(METRICS)} "
+                                                        f"or {BREAKDOWN!r} (the stacked memory chart)")
         if not isinstance(max_runs, int) or max_runs < 1:
             raise ConfigError("max_runs", max_runs, "a positive integer")
         self.metrics, self.max_runs, self.runs = tuple(metrics), max_runs, []
@@ -410,7 +454,14 @@ class History:
             print(headline(result))
         frame = pd.DataFrame([to_row(r) for r in self.runs])
         frame["run"] = list(_labelled(list(self.runs)))
-        bars(frame, x="run", ys=self.metrics)
+        _, axes = plt.subplots(1, len(self.metrics), figsize=(6 * len(self.metrics), 4.2), squeeze=False)
+        for ax, column in zip(axes[0], self.metrics, strict=True):
+            if column == BREAKDOWN:
+                memory_breakdown(frame, ax=ax, label="run")
+            else:
+                bar(frame, x="run", y=column, ax=ax)
+            plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+        plt.tight_layout()
 
 
 def run_overview(result) -> None:

@@ -7,9 +7,18 @@ DISTRIBUTION = "labkit-finetune"  # the pip name; "labkit" on the package index 
 REPO_URL = f"https://github.com/{REPO}"
 
 
-def install_spec() -> str:
-    """What the Colab/Kaggle setup cell installs (pip keeps the preinstalled torch: loose lower bounds)."""
-    return f"{DISTRIBUTION} @ git+{REPO_URL}@{BRANCH}"
+# Extras a notebook needs beyond the base install (pyproject's optional-dependencies).
+NOTEBOOK_EXTRAS = {"03_memory_savers.ipynb": ("memory",)}
+
+
+def install_spec(notebook: str | None = None) -> str:
+    """What the Colab/Kaggle setup cell of ``notebook`` installs, with the extras it needs.
+
+    pip keeps the preinstalled torch: labkit's torch requirement is a loose lower bound.
+    """
+    extras = NOTEBOOK_EXTRAS.get(notebook, ())
+    name = f"{DISTRIBUTION}[{','.join(extras)}]" if extras else DISTRIBUTION
+    return f"{name} @ git+{REPO_URL}@{BRANCH}"
 
 
 def notebook_url(notebook: str) -> str:

@@ -79,3 +79,14 @@ def test_cells_stay_thin(path):
 def test_repository_url_is_written_in_one_place():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'Homepage = "{project.REPO_URL}"' in pyproject and f'name = "{project.DISTRIBUTION}"' in pyproject
+
+
+def test_notebook_extras_exist_in_pyproject():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for notebook, names in project.NOTEBOOK_EXTRAS.items():
+        assert (ROOT / "notebooks" / notebook).exists(), notebook
+        assert set(names) <= set(extras), names
+        assert project.install_spec(notebook).startswith(f"{project.DISTRIBUTION}[{','.join(names)}] @ git+")
+    assert project.install_spec("00_start_here.ipynb") == project.install_spec()
