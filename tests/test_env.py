@@ -75,22 +75,16 @@ def test_tf32_is_set_explicitly_and_recorded():
         torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
 
 
-@pytest.mark.parametrize("flags, expected", [("fpu avx2 avx512f", False), ("fpu avx512f avx512_bf16", True),
-                                             ("fpu amx_bf16 amx_tile", True)])
-def test_cpu_bf16_is_native_only_with_bf16_instructions(tmp_path, flags, expected):
+@pytest.mark.parametrize("check, flags, expected", [
+    ("cpu_bf16_native", "fpu avx2 avx512f", False), ("cpu_bf16_native", "fpu avx512f avx512_bf16", True),
+    ("cpu_bf16_native", "fpu amx_bf16 amx_tile", True), ("cpu_fp16_native", "fpu avx512f avx512_bf16", False),
+    ("cpu_fp16_native", "fpu avx512_fp16", True), ("cpu_fp16_native", "fpu amx_fp16 amx_tile", True),
+])
+def test_cpu_low_precision_is_native_only_with_its_instructions(tmp_path, check, flags, expected):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    assert env.cpu_bf16_native(str(cpuinfo)) is expected
-    assert env.cpu_bf16_native(str(tmp_path / "missing")) is None
-
-
-@pytest.mark.parametrize("flags, expected", [("fpu avx512f avx512_bf16", False), ("fpu avx512_fp16", True),
-                                             ("fpu amx_fp16 amx_tile", True)])
-def test_cpu_fp16_is_native_only_with_fp16_instructions(tmp_path, flags, expected):
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-    assert env.cpu_fp16_native(str(cpuinfo)) is expected
-    assert env.cpu_fp16_native(str(tmp_path / "missing")) is None
+    assert getattr(env, check)(str(cpuinfo)) is expected
+    assert getattr(env, check)(str(tmp_path / "missing")) is None
 
 
 def test_cpu_report_says_whether_fp16_is_native():
