@@ -123,3 +123,11 @@ def test_timing_pitfalls_cold_call_is_slowest():
     tp = measure.timing_pitfalls(fn, torch.device("cpu"), warmup=2, repeats=5)
     assert tp.first_call_s > 0.04 and tp.warm_median_s < 0.02 and tp.cold_vs_warm > 2
     assert state["n"] == 1 + 2 + 5 + 5 and tp.device == "cpu"
+
+
+def test_library_warm_up_is_a_no_op_on_cpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("no CUDA call on a CPU"))
+    measure.warm_up_libraries(torch.device("cpu"))
+    assert not measure._LIBRARIES_READY

@@ -94,6 +94,33 @@ def reset_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+_LIBRARIES_READY: set = set()
+
+
+def warm_up_libraries(device: torch.device) -> None:
+    """Have cuBLAS/cuBLASLt allocate their workspaces now, once per GPU and process.
+
+    The first matrix multiply on a GPU allocates a workspace (several MiB, more on Hopper) that stays
+    allocated for the life of the process. Read before it, a run's baseline would miss it and the
+    first run of a session would report it as part of its own peak memory. On CPU: nothing to do.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key in _LIBRARIES_READY:
+        return
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        try:
+            a = torch.ones(16, 16, device=device, dtype=dtype)
+            torch.nn.functional.linear(a, a, a[0])  # addmm: the cuBLASLt path
+            a @ a  # mm: the cuBLAS path
+        except RuntimeError:  # e.g. bf16 GEMMs on a GPU without bf16 support
+            pass
+    torch.cuda.synchronize(device)
+    _LIBRARIES_READY.add(key)
+
+
 @dataclass
 class Latency:
     """Inference latency over ``repeats`` timed calls after ``warmup`` untimed ones."""

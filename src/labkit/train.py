@@ -100,8 +100,10 @@ class Trainer:
         if self.precision.warning:
             warnings.warn(self.precision.warning, stacklevel=3)
             self.warnings.append(self.precision.warning)
-        # Memory already held on the GPU before this run (earlier runs' models, a notebook's tensors) is
-        # not this run's: peaks are reported above this baseline.
+        # Memory already held on the GPU before this run (earlier runs' models, a notebook's tensors, the
+        # cuBLAS workspace every process allocates once) is not this run's: peaks are reported above this
+        # baseline.
+        measure.warm_up_libraries(self.device)
         measure.reset_memory(self.device)
         self.baseline_bytes = measure.allocated_now(self.device)
 
