@@ -222,7 +222,39 @@ def test_memory_savings_grow_with_the_batch():
 def test_channels_last_finding():
     df = _frame([{"precision": "fp32", "channels_last": False, "step_time_s": 0.04, "error": None},
                  {"precision": "fp32", "channels_last": True, "step_time_s": 0.02, "error": None}])
-    assert precision.channels_last_finding(df) == "fp32: channels_last ran at 2.00x the speed of the default layout."
+    assert precision.channels_last_finding(df) == (
+        "fp32: channels_last ran at 2.00x the speed of the default layout (faster).")
+    df.loc[1, "step_time_s"] = 0.041
+    assert "(the same, within noise)" in precision.channels_last_finding(df)
+
+
+def test_tf32_row_is_the_same_work_without_tf32_hardware():
+    df = _frame([_row("fp32", 0.040, 1), _row("fp32 + TF32", 0.028, 1)])
+    cpu = precision.summary(df, {"device": "cpu"})
+    assert cpu.startswith("fp32 + TF32: the same work as fp32 on this device") and "1.43x speed ratio is" in cpu
+    assert "faster" not in cpu
+    assert precision.summary(df, {"device": "cuda", "capability": "8.0"}).startswith(
+        "fp32 + TF32: 1.43x the speed of fp32 (faster)")
+    assert precision.has_tf32({"device": "cuda", "capability": "9.0"})
+    assert not precision.has_tf32({"device": "cuda", "capability": "7.5"})
+
+
+def test_compare_turns_a_failing_setup_into_an_error_row(tiny_cfg, monkeypatch):
+    from labkit import results
+
+    real = results.cached_fit
+
+    def fake(cfg, **kwargs):
+        if cfg.precision == "bf16":
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(results, "cached_fit", fake)
+    runs = precision.compare(tiny_cfg.replace(evaluate=False), setups={k: precision.SETUPS[k] for k in ("fp32", "bf16")},
+                             progress=False)
+    df = precision.table(runs).set_index("setup")
+    assert df.error.isna()["fp32"] and "CUBLAS_STATUS_NOT_SUPPORTED" in df.error["bf16"]
+    assert precision.summary(df.reset_index()) == ""  # the failed run is skipped: nothing left to compare
 
 
 def test_formats_come_from_finfo():

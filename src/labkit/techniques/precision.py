@@ -63,8 +63,9 @@ def resolve_precision(requested: str, device: torch.device, capability: tuple[in
     if requested == "fp16" and on_gpu and not has_tensor_cores(capability):
         major, minor = capability
         return Precision(requested, "fp16", warning=(
-            f"fp16 on a GPU of capability {major}.{minor} (no tensor cores, e.g. a P100) saves memory but "
-            "is often no faster than fp32"))
+            f"fp16 on a GPU of capability {major}.{minor} (no tensor cores, e.g. a P100) saves memory, but its "
+            "speed-up is uncertain: fp16 arithmetic may be faster on paper (a P100 has double-rate fp16), while "
+            "autocast's casts and small kernels eat into it; measure against fp32"))
     if device.type == "cpu" and requested in DTYPES:
         return Precision(requested, requested, warning=_cpu_warning(requested))
     return Precision(requested, requested)
@@ -354,7 +355,10 @@ def table(runs) -> pd.DataFrame:
     if isinstance(runs, dict):
         runs = list(runs.values())
     frame = runs.copy() if isinstance(runs, pd.DataFrame) else to_frame(runs)
-    used = frame["precision_used"].fillna(frame["precision"]) if "precision_used" in frame else frame["precision"]
+    used = frame["precision"]
+    if "precision_used" in frame:  # what a run resolved to ("auto"); a failed run resolved nothing
+        ran = frame["precision_used"].notna() & (frame["error"].isna() if "error" in frame else True)
+        used = frame["precision_used"].where(ran, frame["precision"])
     frame["setup"] = [setup_label(p, t) for p, t in zip(used, frame["tf32"], strict=True)]
     return frame
 
@@ -370,10 +374,13 @@ def compare(cfg, setups: dict | None = None, refresh: bool = False, progress: bo
     Example:
         >>> runs = compare(cfg); table(runs)
     """
-    from ..results import cached_fit
+    from ..results import run_configs
 
-    return {label: cached_fit(cfg.replace(**fields), refresh=refresh, progress=progress)
-            for label, fields in (setups or SETUPS).items()}
+    setups = setups or SETUPS
+    # A setup the device cannot run at all (bf16 GEMMs on some pre-Ampere GPUs) becomes a result with its
+    # error, shown in the table, instead of stopping the comparison.
+    runs = run_configs([cfg.replace(**fields) for fields in setups.values()], refresh=refresh, progress=progress)
+    return dict(zip(setups, runs, strict=True))
 
 
 def low_precision_for(env: dict) -> str:
@@ -392,12 +399,22 @@ def low_precision_for(env: dict) -> str:
     return "fp16" if env.get("fp16_native") else "bf16"
 
 
-def _ratio_phrase(ratio: float) -> str:
-    if ratio >= 1.05:
-        return f"{ratio:.2f}x the speed of fp32 (faster)"
-    if ratio <= 0.95:
-        return f"{ratio:.2f}x the speed of fp32 (slower)"
-    return f"{ratio:.2f}x the speed of fp32 (the same, within noise)"
+NOISE = 0.05  # speed ratios within 5 % of 1 are called "the same": this is the run-to-run noise of a quiet machine
+
+
+def _ratio_phrase(ratio: float, reference: str = "fp32") -> str:
+    if ratio >= 1 + NOISE:
+        return f"{ratio:.2f}x the speed of {reference} (faster)"
+    if ratio <= 1 - NOISE:
+        return f"{ratio:.2f}x the speed of {reference} (slower)"
+    return f"{ratio:.2f}x the speed of {reference} (the same, within noise)"
+
+
+def has_tf32(env: dict) -> bool:
+    """TF32 exists on Ampere (capability 8.0) and later GPUs only."""
+    capability = env.get("capability")
+    return env.get("device") == "cuda" and bool(capability) and native_bf16(
+        tuple(int(v) for v in str(capability).split(".")))
 
 
 def _change(saved_fraction: float) -> str:
@@ -409,13 +426,14 @@ def _change(saved_fraction: float) -> str:
 def _by_setup(df) -> dict:
     """The successful runs of a results frame, by setup label."""
     frame = df if "setup" in df else table(df)
-    return {row["setup"]: row for _, row in frame.iterrows() if not row.get("error")}
+    return {row["setup"]: row for _, row in frame.iterrows() if not isinstance(row.get("error"), str)}
 
 
-def summary(df) -> str:
+def summary(df, env: dict | None = None) -> str:
     """What the precision comparison measured, in sentences computed from the frame (see `table`).
 
-    Speed is compared as ratios to the plain fp32 run; memory as allocated peaks and activations.
+    Speed is compared as ratios to the plain fp32 run; memory as allocated peaks and activations. With
+    ``env`` (`labkit.env_report`), a TF32 run on a device without TF32 is called the same work as fp32.
     """
     MiB = 2**20
     rows = _by_setup(df)
@@ -428,6 +446,10 @@ def summary(df) -> str:
             continue
         speed = base["step_time_s"] / row["step_time_s"]
         saved = base["peak_memory_bytes"] - row["peak_memory_bytes"]
+        if label == "fp32 + TF32" and env is not None and not has_tf32(env):
+            lines.append(f"{label}: the same work as fp32 on this device, which has no TF32 (Ampere+ GPUs only); "
+                         f"its {speed:.2f}x speed ratio is run-to-run noise.")
+            continue
         acc = ""
         if row.get("accuracy") is not None and base.get("accuracy") is not None:
             acc = f"; accuracy {row['accuracy']:.1%} vs {base['accuracy']:.1%}"
@@ -448,7 +470,7 @@ def tf32_finding(df, env: dict) -> str:
         return (f"TF32 is a tensor-core format of Ampere and later GPUs; on this CPU both fp32 runs did the same "
                 f"work, so their ratio ({ratio:.2f}x) is measurement noise.")
     capability = env.get("capability")
-    if not capability or not native_bf16(tuple(int(v) for v in str(capability).split("."))):  # TF32 came with 8.0
+    if not has_tf32(env):
         return (f"This GPU (capability {capability}) predates Ampere and has no TF32: both fp32 runs did the same "
                 f"work ({ratio:.2f}x, noise).")
     return (f"TF32 made fp32 {ratio:.2f}x as fast here. A float32 baseline with TF32 silently on is a TF32 baseline: "
@@ -466,9 +488,10 @@ def advice(env: dict, df=None) -> str:
         gpu, capability = env.get("gpu"), env.get("capability")
         major, minor = (int(v) for v in str(capability).split("."))
         if not has_tensor_cores((major, minor)):
-            lines.append(f"{gpu} (capability {capability}) has no tensor cores: fp16 halves activation memory but "
-                         "runs on the same units as fp32, so AMP may be no faster or even slower; bf16 is emulated. "
-                         "Use fp16 for memory, fp32 for speed.")
+            lines.append(f"{gpu} (capability {capability}) has no tensor cores: fp16 halves activation memory, and "
+                         "its fp16 arithmetic may be faster on paper (a P100 runs fp16 at twice the fp32 rate), but "
+                         "autocast's casts and small kernels often eat that, so AMP may be no faster or even slower; "
+                         "bf16 is emulated or unsupported. Use fp16 for memory, and measure before counting on speed.")
         elif not native_bf16((major, minor)):
             lines.append(f"{gpu} (capability {capability}) has fp16 tensor cores but no native bf16: use fp16 with a "
                          "GradScaler (precision='auto' picks it); bf16 runs, emulated and slowly.")
@@ -531,7 +554,7 @@ def channels_last_finding(df) -> str:
         by = {bool(row["channels_last"]): row for _, row in group.iterrows()}
         if True in by and False in by:
             ratio = by[False]["step_time_s"] / by[True]["step_time_s"]
-            lines.append(f"{precision_name}: channels_last ran at {ratio:.2f}x the speed of the default layout.")
+            lines.append(f"{precision_name}: channels_last ran at {_ratio_phrase(ratio, 'the default layout')}.")
     return "\n".join(lines)
 
 
