@@ -218,7 +218,7 @@ def test_run_overview_prints_the_headline_and_draws_two_charts(capsys):
     plots.run_overview(res)
     assert "median 40.00 ms" in capsys.readouterr().out
     (fig,) = [plt.figure(n) for n in plt.get_fignums()]
-    assert [ax.get_title().splitlines()[0] for ax in fig.axes[:2]] == ["training loss", "memory by category"]
+    assert [ax.get_title().splitlines()[0] for ax in fig.axes[:2]] == ["training loss", "memory by category: each one's own peak (black mark: the total peak)"]
     plots.run_overview(RunResult(config={}, error="OutOfMemoryError: CUDA out of memory"))
     assert "run failed: OutOfMemoryError" in capsys.readouterr().out
 

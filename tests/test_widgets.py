@@ -186,3 +186,9 @@ def test_options_must_be_keywords_of_run():
         ExperimentPanel(fake_run, {"batch_size": (16, 256, 16)}, options={"warmup": [0, 4]})
     with pytest.raises(ConfigError, match="options=\\[1\\] is not allowed"):
         ExperimentPanel(lambda cfg: cfg, {"batch_size": (16, 256, 16)}, options=[1])
+
+
+def test_dropdown_refuses_options_it_cannot_tell_apart():
+    with pytest.raises(ConfigError, match=r"True == 1, so the dropdown cannot tell them apart"):
+        make_control("checkpointing", [False, True, 1, 2])
+    assert make_control("checkpointing", [False, True, 2, 3]).options[2] == ("2", 2)

@@ -215,9 +215,9 @@ def _power_of_two_hint(value: float, expected: float) -> str | None:
 
 register(Exercise(
     name="01.loss_scale",
-    template=("fp16's smallest positive number is 2**-24 (about 5.96e-8); anything smaller becomes 0. A gradient "
-              "element is {grad} in float32. What is the smallest exponent k such that a loss scale of 2**k "
-              "keeps it from underflowing in fp16?"),
+    template=("fp16's smallest positive number is 2**-24 (about 5.96e-8); a value below it is rounded to 0 or to "
+              "2**-24 and loses all its digits. A gradient element is {grad} in float32. What is the smallest "
+              "exponent k such that the scaled gradient, gradient x 2**k, is at least 2**-24?"),
     numbers={"grad": 1e-9},
     expected=lambda n: math.ceil(math.log2(2.0**-24 / n["grad"])),
     hint="scaled gradient = gradient x 2**k must be at least 2**-24, so k >= log2(2**-24 / gradient); round up",

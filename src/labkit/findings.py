@@ -87,7 +87,8 @@ def memory(res: RunResult) -> str:
         total = sum(res.memory.get(c, 0) for c in MEMORY_CATEGORIES)
         tracked = sum(res.memory_at_peak.values()) if res.memory_at_peak else None
         sentence = (f"The largest is {largest.replace('_', ' ')}. The categories peak at different moments "
-                    "(activations at the end of the forward pass, optimizer state during step())")
+                    "(activations at the end of the forward pass, gradients and the backward pass's temporary "
+                    "buffers later, while activations are being freed)")
         if tracked is not None and total > tracked:
             sentence += (f", so their peaks add up to {_mib(total)}, more than the {_mib(tracked)} held at "
                          "the moment of the total peak.")

@@ -305,7 +305,8 @@ def memory_breakdown(results, ax=None, label: str | None = None):
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     notes = [f"skipped (error or no breakdown): {', '.join(skipped)}"] if skipped else []
-    _finish(ax, [None] * len(kept), "memory by category", notes, handles if kept else None)
+    _finish(ax, [None] * len(kept), "memory by category: each one's own peak (black mark: the total peak)", notes,
+            handles if kept else None)
     return ax
 
 

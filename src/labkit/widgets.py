@@ -54,6 +54,12 @@ def make_control(name: str, spec, default=None):
                                    description=name, style=_WIDE, continuous_update=False)
     if isinstance(spec, (list, tuple)) and len(spec) > 0:
         options = list(spec)
+        for i, a in enumerate(options):
+            for b in options[i + 1:]:
+                if a == b and type(a) is not type(b):
+                    # ipywidgets finds a dropdown's selection by equality: it would turn 1 into True.
+                    raise ConfigError(field, spec, "options that no two compare equal",
+                                      f"{a!r} == {b!r}, so the dropdown cannot tell them apart; drop one")
         value = default if any(default is o or (default == o and type(default) is type(o)) for o in options) \
             else options[0]
         # Explicit (label, value) pairs: a plain list whose values are 2-tuples would be read as pairs.

@@ -171,7 +171,7 @@ def test_checkpoint_tradeoff_measures_each_segment_count_beside_the_cost_model(t
     assert finding.startswith("Checkpointing small_cnn in 4 segment(s) (stem | block1 | block2 | block3) gave the "
                               "lowest peak")
     assert "45% less" in finding or "% less" in finding
-    assert "The sqrt(n) rule suggests 2 segment(s) for 4 blocks" in finding
+    assert "The sqrt(n) rule, which assumes n equal blocks that each store one tensor, suggests 2 segment(s) for 4 blocks" in finding
     with pytest.raises(ConfigError, match=r"segments=5 is not allowed: segment counts from 0 \(checkpointing off\) "
                                           r"to 4 \(small_cnn has 4 blocks: stem, block1, block2, block3\)"):
         memory.checkpoint_tradeoff(tiny_cfg, segments=[0, 5])
@@ -378,7 +378,7 @@ def test_the_175b_optimizer_claim_is_checked_in_tb_and_tib():
     assert sentence.startswith("For 175B parameters, AdamW's two fp32 moments take 1.75e+11 x 8 B = 1.4 TB (1.27 TiB); "
                                "8-bit AdamW's take 2 B per parameter plus one fp32 scale per 256 values for each "
                                "moment, 2.031 B: 0.355 TB (0.323 TiB), 3.94x less.")
-    assert "The claim's 1.2 TB -> 0.3 TB are the TiB figures, rounded down and labelled TB: in TB it is 1.4 TB -> " \
+    assert "The claim's 1.2 TB -> 0.3 TB match the TiB figures, rounded down and labelled TB: in TB it is 1.4 TB -> " \
            "0.355 TB. The 4x ratio is right." in sentence
     assert sentence.endswith("With the fp32 master weights (4 B per parameter, which ZeRO counts as optimizer "
                              "state) it is 2.1 TB -> 1.06 TB, only 1.99x less.")
@@ -408,8 +408,13 @@ def test_staged_runs_add_one_saver_at_a_time_then_all(tiny_cfg):
     assert together["peak_memory_bytes"] < min(frame.loc[s, "peak_memory_bytes"] for s in memory.STAGES[:-1])
     assert base["state_bytes"] == base["mem_parameters_bytes"] + base["mem_gradients_bytes"] + SMALL_CNN_ADAMW_STATE
     lines = staged.finding().splitlines()
-    assert len(lines) == 5 and lines[0].startswith("baseline: peak ") and lines[-1].startswith("all together: peak ")
-    assert "less" in lines[-1]
+    assert len(lines) == 6 and lines[0].startswith("baseline: peak ") and lines[4].startswith("all together: peak ")
+    assert "less" in lines[4]
+    # the single savers ranked by the peak they saved, computed from the frame
+    singles = staged.frame[staged.frame.stage.isin(["+AMP", "+checkpointing", "+8-bit optimizer"])]
+    order = list(singles.sort_values("peak_memory_bytes").stage)
+    assert lines[5].startswith(f"Single savers by peak saved, here: {order[0]} (")
+    assert [lines[5].index(stage) for stage in order] == sorted(lines[5].index(stage) for stage in order)
     with pytest.raises(ConfigError, match=r"optimizer='adamw' is not allowed: one of \['adamw8bit', 'paged_adamw8bit'\]"):
         memory.staged_runs(tiny_cfg, optimizer="adamw")
     with pytest.raises(ConfigError, match=r"precision='fp32' is not allowed: 'fp16' or 'bf16'"):

@@ -364,18 +364,21 @@ def tradeoff_finding(frame) -> str:
         f"{best['step_time_s'] * 1e3:.3g} ms), with {best['flops_ratio']:.2f}x the FLOPs (the recomputed forward)."
     )
     if best["peak_ratio"] > 1 - (1 - best["activation_ratio"]) / 2:
-        text += (" The peak fell much less than the activations: it moved into the backward pass, where the "
-                 "largest segment is recomputed and its gradients are alive at the same time.")
-    text += f" The sqrt(n) rule suggests {rule} segment(s) for {n} blocks"
+        text += (" The peak fell much less than the activations: it is reached during the backward pass, where a "
+                 "recomputed block's activations and their gradients are alive together, and no grouping of "
+                 "whole blocks into segments splits a block.")
+    text += (f" The sqrt(n) rule, which assumes n equal blocks that each store one tensor, suggests {rule} segment(s) "
+             f"for {n} blocks")
     rule_row = on[on["segments"] == rule]
     if int(best["segments"]) == rule:
         text += ", which is what measured best."
     elif len(rule_row) and rule_row.iloc[0]["peak_memory_bytes"] == best["peak_memory_bytes"]:
         text += (f"; {rule} reached the same peak, with more activations stored "
-                 f"({_mib(rule_row.iloc[0]['mem_activations_bytes'])}).")
+                 f"({_mib(rule_row.iloc[0]['mem_activations_bytes'])}): these blocks differ in how much they store, "
+                 "and each stores several tensors.")
     else:
-        text += ("; here it is not the best: the rule assumes equal blocks that each store one tensor, and these "
-                 "blocks store several each, the early ones more.")
+        text += ("; here it is not the best: these blocks differ in how much they store, and each stores "
+                 "several tensors.")
     return text
 
 
@@ -814,7 +817,7 @@ def optimizer_claim(num_params: float = 175e9, claimed_tb: tuple[float, float] =
             f"for each moment, {eight / num_params:.3f} B: {eight / TB:.3g} TB ({eight / TIB:.3g} TiB), "
             f"{fp32 / eight:.2f}x less. ")
     if matches == ["TiB"]:
-        text += (f"The claim's {before:g} TB -> {after:g} TB are the TiB figures, rounded down and labelled TB: "
+        text += (f"The claim's {before:g} TB -> {after:g} TB match the TiB figures, rounded down and labelled TB: "
                  f"in TB it is {fp32 / TB:.3g} TB -> {eight / TB:.3g} TB. The 4x ratio is right.")
     elif matches:
         text += f"The claim {before:g} TB -> {after:g} TB matches when read as {' or '.join(matches)}."
@@ -862,6 +865,13 @@ class StagedRuns:
             lines.append(f"{row['stage']}: peak {_mib(row['peak_memory_bytes'])} "
                          f"({_saved(_ratio(row['peak_memory_bytes'], base['peak_memory_bytes']))}), step "
                          f"{_ratio(row['step_time_s'], base['step_time_s']):.2f}x the baseline's time.")
+        singles = frame[frame["stage"].isin(STAGES[1:-1]) & frame["error"].isna()] if "error" in frame else \
+            frame[frame["stage"].isin(STAGES[1:-1])]
+        if len(singles) and not isinstance(base.get("error"), str):
+            order = singles.sort_values("peak_memory_bytes")
+            ranking = ", ".join(f"{row.stage} ({_saved(_ratio(row.peak_memory_bytes, base['peak_memory_bytes']))})"
+                                for row in order.itertuples())
+            lines.append(f"Single savers by peak saved, here: {ranking}.")
         return "\n".join(lines)
 
 
