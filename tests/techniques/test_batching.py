@@ -423,7 +423,9 @@ def test_lr_scaling_finding_names_a_winner_only_beyond_the_noise():
                        "accuracy": [0.70, 0.80, 0.79], "profile": "ci", "error": None})
     noise = batching.accuracy_noise(0.80, 256)
     assert noise == pytest.approx(2 * math.sqrt(2 * 0.8 * 0.2 / 256))  # about 7 points on 256 test images
-    assert batching.lr_scaling_finding(df).endswith(f"no clear winner (the top two are within {noise:.1%}, "
-                                                    "the test-set noise).")
+    assert batching.lr_scaling_finding(df).endswith(
+        f"scaled and scaled + warm-up tie within the test-set noise ({noise:.1%}), ahead of same lr.")
     df.loc[2, "accuracy"] = 0.60
     assert batching.lr_scaling_finding(df).endswith("best: scaled.")
+    df["accuracy"] = [0.80, 0.79, 0.78]
+    assert batching.lr_scaling_finding(df).endswith(f"no clear winner (all within {noise:.1%}, the test-set noise).")

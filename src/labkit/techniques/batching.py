@@ -1060,12 +1060,17 @@ def lr_scaling_finding(df) -> str:
     ok = df[df["error"].isna()] if "error" in df else df
     lines = []
     for batch_size, group in ok.groupby("batch_size"):
-        best = group.loc[group["accuracy"].idxmax()]
-        runner_up = group["accuracy"].nlargest(2).iloc[-1]
-        noise = accuracy_noise(best["accuracy"], _test_size(group))
+        best = group["accuracy"].max()
+        noise = accuracy_noise(best, _test_size(group))
+        top = [row.lr_setting for row in group.itertuples() if best - row.accuracy <= noise]
+        behind = [row.lr_setting for row in group.itertuples() if best - row.accuracy > noise]
         scores = ", ".join(f"{row.lr_setting} {row.accuracy:.1%} (lr {row.lr:.2g})" for row in group.itertuples())
-        verdict = (f"best: {best['lr_setting']}" if best["accuracy"] - runner_up > noise
-                   else f"no clear winner (the top two are within {noise:.1%}, the test-set noise)")
+        if len(top) == 1:
+            verdict = f"best: {top[0]}"
+        elif not behind:
+            verdict = f"no clear winner (all within {noise:.1%}, the test-set noise)"
+        else:
+            verdict = f"{' and '.join(top)} tie within the test-set noise ({noise:.1%}), ahead of {' and '.join(behind)}"
         lines.append(f"batch {batch_size}: {scores}; {verdict}.")
     return "\n".join(lines)
 
