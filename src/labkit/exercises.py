@@ -238,8 +238,11 @@ register(Exercise(
 ))
 
 
+_ACCUM_NUMBERS = {"batch": 256, "max_fit": 48}
+
+
 def _accumulation_hint(value: float, expected: float) -> str | None:
-    if value > 0 and math.isclose(256 / value, expected):
+    if value > 0 and math.isclose(_ACCUM_NUMBERS["batch"] / value, expected):
         return "give the number of accumulation steps, not the micro-batch size"
     return None
 
@@ -248,7 +251,7 @@ register(Exercise(
     name="02.accum",
     template=("You want the gradient of a batch of {batch} samples, but at most {max_fit} samples fit in memory at "
               "once. grad_accum must divide the batch. What is the smallest grad_accum that works?"),
-    numbers={"batch": 256, "max_fit": 48},
+    numbers=_ACCUM_NUMBERS,
     expected=lambda n: next(k for k in range(1, n["batch"] + 1) if n["batch"] % k == 0 and n["batch"] // k <= n["max_fit"]),
     hint="the micro-batch is batch / grad_accum: it must be at most the largest that fits, and grad_accum must divide "
          "the batch (try 2, 4, 8, ...)",
