@@ -26,7 +26,7 @@ def plain_loop(cfg: labkit.RunConfig) -> tuple[float, float]:
     """The loop a careful person writes by hand: (wall seconds, median step seconds)."""
     start = time.perf_counter()
     prof = labkit.profile()
-    splits = train._splits(cfg.dataset, cfg.train_size or prof.train_size, prof.val_size, prof.test_size)
+    splits = train.run_splits(cfg, prof)
     torch.manual_seed(cfg.seed)
     model, _ = models.build(cfg.model, splits["train"].num_classes, pretrained=cfg.pretrained)
     model.train()

@@ -1,7 +1,9 @@
 """Tests run on the CPU with tiny seeded work: the `ci` profile, offline, a private data cache."""
 
+import math
 import os
 import tempfile
+import types
 
 import pytest
 
@@ -19,3 +21,22 @@ def tiny_cfg():
 
     return labkit.RunConfig(model="small_cnn", dataset="shapes10", batch_size=32, max_steps=6, train_size=128,
                             device="cpu")
+
+
+@pytest.fixture(scope="session")
+def small_cnn_bytes():
+    """small_cnn's parameter and optimizer-state sizes, worked out by hand from its tensor shapes.
+
+    Its trainable tensors: 23, of which 17 (2,882 parameters) have fewer than 4,096 elements. AdamW keeps
+    8 B per parameter and a 4-byte step counter per tensor (on the CPU); 8-bit AdamW keeps fp32 moments
+    below 4,096 elements and, above, uint8 moments plus an fp32 absmax per 256 values for each, and the
+    two shared 1 KiB quantisation maps.
+    """
+    params, below = 295_490, 2_882
+    large = (6912, 9216, 18432, 36864, 73728, 147456)
+    return types.SimpleNamespace(
+        params=params,
+        below_min_8bit=below,
+        adamw_state=8 * params + 4 * 23,
+        eight_bit_state=8 * below + 2 * (params - below) + 8 * sum(math.ceil(n / 256) for n in large) + 2048,
+    )

@@ -90,3 +90,9 @@ def test_cpu_low_precision_is_native_only_with_its_instructions(tmp_path, check,
 def test_cpu_report_says_whether_fp16_is_native():
     report = env.env_report("cpu")
     assert report["fp16_native"] is env.cpu_fp16_native()
+
+
+def test_profiles_have_batch_sizes_and_sweep_epochs():
+    assert [(p.batch_sizes, p.sweep_epochs) for p in (labkit.profile(n) for n in ("ci", "quick", "full"))] == [
+        ((8, 16, 32, 64), 1), ((8, 16, 32, 64, 128, 256), 2), ((8, 16, 32, 64, 128, 256), 3)]
+    assert labkit.env_report()["profile"] == "ci"

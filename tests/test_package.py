@@ -1,7 +1,13 @@
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import labkit
+from labkit import capacity
+from labkit.techniques.oom_backoff import Probe
+
+SRC = Path(labkit.__file__).parent
 
 
 def test_import_labkit_pulls_in_no_notebook_only_package():
@@ -14,5 +20,37 @@ def test_import_labkit_pulls_in_no_notebook_only_package():
 
 def test_public_api_names():
     for name in ("RunConfig", "RunResult", "env_report", "fit", "sweep", "load_config", "load_reference",
-                 "profile", "find_max_batch_size", "estimate_memory"):
+                 "profile", "find_max_batch_size", "estimate_memory", "training_memory"):
         assert hasattr(labkit, name), name
+    assert labkit.find_max_batch_size is capacity.find_max_batch_size
+    assert labkit.estimate_memory is capacity.estimate_memory
+    assert labkit.training_memory is capacity.training_memory
+    assert Probe(8, True) == (8, True, None)
+
+
+def _function_level_labkit_imports(path: Path, root: Path = SRC) -> list[str]:
+    """``file:line`` of each import of a labkit module made inside a function of ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for inner in ast.walk(node):
+            relative_or_labkit = isinstance(inner, ast.ImportFrom) and (
+                inner.level > 0 or (inner.module or "").split(".")[0] == "labkit")
+            plain_labkit = isinstance(inner, ast.Import) and any(a.name.split(".")[0] == "labkit" for a in inner.names)
+            if relative_or_labkit or plain_labkit:
+                found.append(f"{path.relative_to(root)}:{inner.lineno}")
+    return found
+
+
+def test_no_labkit_module_imports_another_inside_a_function():
+    """The layers contract (import-linter, in pyproject.toml) sees every import; one inside a function
+    would still hide a cycle from a reader, so labkit's own imports all stand at the top of a module."""
+    found = [hit for path in sorted(SRC.rglob("*.py")) for hit in _function_level_labkit_imports(path)]
+    assert found == []
+
+
+def test_the_function_level_import_check_finds_one(tmp_path):
+    module = tmp_path / "mod.py"
+    module.write_text("import torch\n\n\ndef f():\n    from . import train\n    import labkit.data\n    return train\n")
+    assert _function_level_labkit_imports(module, tmp_path) == ["mod.py:5", "mod.py:6"]

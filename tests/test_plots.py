@@ -291,7 +291,7 @@ def test_lines_draws_one_chart_per_metric(df):
 
 
 def test_batch_search_plot_marks_probes_budget_and_answer():
-    from labkit.techniques.batching import BatchSearch, Probe
+    from labkit.techniques.oom_backoff import BatchSearch, Probe
 
     search = BatchSearch(best=48, tried=[Probe(32, True, 20 * MiB), Probe(64, False, None), Probe(48, True, 30 * MiB)],
                          budget_bytes=32 * MiB, state_bytes={"total": 4 * MiB})

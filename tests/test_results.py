@@ -23,7 +23,7 @@ def fake_fit(monkeypatch, tmp_path):
                          throughput=100.0, accuracy=0.5, memory={"activations": cfg.batch_size * 10},
                          timed_steps=4)
 
-    monkeypatch.setattr("labkit.train.fit", fit)
+    monkeypatch.setattr("labkit.results.fit", fit)
     return ran
 
 
@@ -72,7 +72,7 @@ def test_any_run_error_becomes_a_row_but_missing_data_stops(monkeypatch, tmp_pat
             raise DatasetUnavailableError("no CIFAR-10 here")
         raise ValueError("Expected more than 1 value per channel")
 
-    monkeypatch.setattr("labkit.train.fit", fit)
+    monkeypatch.setattr("labkit.results.fit", fit)
     df = labkit.sweep(tiny_cfg, batch_size=[16])
     assert df.error.iloc[0] == "ValueError: Expected more than 1 value per channel"
     with pytest.raises(DatasetUnavailableError, match="no CIFAR-10"):
@@ -87,7 +87,7 @@ def test_cached_warnings_are_shown_again(fake_fit, tiny_cfg, monkeypatch):
         res.warnings = ["NO PRETRAINED WEIGHTS for small_cnn"]
         return res
 
-    monkeypatch.setattr("labkit.train.fit", warned_fit)
+    monkeypatch.setattr("labkit.results.fit", warned_fit)
     results.cached_fit(tiny_cfg)
     with pytest.warns(UserWarning, match=r"\(cached run\) NO PRETRAINED WEIGHTS"):
         results.cached_fit(tiny_cfg)

@@ -87,11 +87,6 @@ def test_on_step_callback_and_epochs(tiny_cfg):
     assert res.steps == 2 * per_epoch and seen[-1] == (2 * per_epoch, 2 * per_epoch) and len(seen) == res.steps
 
 
-def test_timing_demo(tiny_cfg):
-    tp = train.timing_demo(tiny_cfg, warmup=1, repeats=3)
-    assert tp.repeats == 3 and tp.warm_median_s > 0 and tp.first_call_s > 0 and tp.device == "cpu"
-
-
 def test_fp16_runs_with_an_enabled_grad_scaler(tiny_cfg):
     trainer = train.Trainer(tiny_cfg.replace(precision="fp16"))
     assert trainer.scaler.is_enabled()
@@ -190,13 +185,6 @@ def test_lr_warmup_raises_the_lr_linearly_over_the_first_steps(tiny_cfg):
 def test_lr_warmup_must_be_shorter_than_the_run(tiny_cfg):
     with pytest.raises(ConfigError, match=r"lr_warmup_steps=6 is not allowed: fewer than the run's 6 optimizer steps"):
         labkit.fit(tiny_cfg.replace(lr_warmup_steps=6))
-
-
-@pytest.mark.parametrize("name, expected", [("adamw", "AdamW"), ("sgd", "SGD"), ("adamw8bit", "AdamW8bit")])
-def test_build_optimizer_builds_each_named_optimizer(tiny_cfg, name, expected):
-    model = torch.nn.Linear(64, 64)
-    opt = train.build_optimizer(tiny_cfg.replace(optimizer=name, lr=0.01), model)
-    assert type(opt).__name__ == expected and opt.param_groups[0]["lr"] == 0.01
 
 
 def test_trainer_checkpoints_the_models_blocks_when_asked(tiny_cfg):

@@ -2,21 +2,26 @@
 
 Importing labkit pulls in no notebook-only package (ipywidgets is imported by `labkit.widgets` alone),
 so `labkit bench` runs on a bare GPU machine; nor bitsandbytes, imported when an 8-bit optimizer is built.
+
+The engine's layers, lowest first (each module imports only from its own layer or lower ones; the
+import-linter contract in pyproject.toml checks it): the base (`errors`, `project`, `validate`, `units`,
+`env`, `data`, `models`, `config`, `result`, `measure`, `exercises`); `techniques` (each technique's
+mechanism); `train` (the loop); `results`, `capacity`, `pretrain` (many runs, what fits); `labs` (each
+notebook's experiments and findings); `plots`, `widgets`; `bench`, `cli`.
 """
 
-__version__ = "0.1.0"
-
-from .config import RunConfig, load_config, save_config  # noqa: E402
-from .env import env_report, profile  # noqa: E402
-from .result import RunResult  # noqa: E402
-from .results import load_reference, sweep  # noqa: E402
-from .techniques.batching import estimate_memory, find_max_batch_size  # noqa: E402
-from .techniques.memory import training_memory  # noqa: E402
-from .train import fit  # noqa: E402
+from .capacity import estimate_memory, find_max_batch_size, training_memory
+from .config import RunConfig, load_config, save_config
+from .env import env_report, profile
+from .project import __version__
+from .result import RunResult
+from .results import load_reference, sweep
+from .train import fit
 
 __all__ = [
     "RunConfig",
     "RunResult",
+    "__version__",
     "env_report",
     "estimate_memory",
     "find_max_batch_size",

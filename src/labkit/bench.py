@@ -10,16 +10,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import torch
+
+from .capacity import batch_search
 from .config import RunConfig, baseline
-from .env import PROFILE_ENV, env_report, profile
+from .env import PROFILE_ENV, env_report, profile, resolve_device
 from .errors import ConfigError
-from .results import REFERENCE_DIR, run_configs, write_reference
-from .train import fit, timing_demo
+from .labs import batch_size, memory_savers, mixed_precision
+from .labs.start_here import timing_demo
+from .results import REFERENCE_DIR, run_configs, to_frame, write_reference
+from .techniques.precision import low_precision_for
+from .train import fit
 
 # What a GPU without a budget is searched against: a T4's usable memory, so that the search meets a real
 # out-of-memory error (and backs off from it) even on a much larger GPU.
@@ -39,8 +46,6 @@ class Part:
 
 def _records(frame) -> list[dict]:
     """A DataFrame as JSON-ready records (numpy scalars become Python numbers, NaN becomes null)."""
-    import json
-
     return json.loads(frame.to_json(orient="records"))
 
 
@@ -52,27 +57,23 @@ def _bench_00(cfg: RunConfig) -> list[Part]:
 
 
 def _bench_01(cfg: RunConfig) -> list[Part]:
-    from .techniques import precision
-
     prof = profile()
-    low = precision.low_precision_for(env_report(cfg.device))
+    low = low_precision_for(env_report(cfg.device))
     memory_cfg = cfg.replace(max_steps=prof.warmup_steps + 4, evaluate=False)
     memory = [memory_cfg.replace(precision=p, batch_size=b) for p in ("fp32", low) for b in prof.batch_sizes]
     layouts = [cfg.replace(precision=p, channels_last=c) for p in ("fp32", low) for c in (False, True)]
-    trace = precision.scaler_trace(cfg, steps=prof.max_steps, init_scale=2.0**20, growth_interval=4)
+    trace = mixed_precision.scaler_trace(cfg, steps=prof.max_steps, init_scale=2.0**20, growth_interval=4)
     return [
-        Part("compare", list(precision.compare(cfg).values())),
+        Part("compare", list(mixed_precision.compare(cfg).values())),
         Part("memory", run_configs(memory)),
         Part("layouts", run_configs(layouts)),
-        Part("scaler", rows=trace, extras={"underflow": _records(precision.gradient_underflow(cfg, (1.0, 1e-3)))}),
+        Part("scaler", rows=trace, extras={"underflow": _records(mixed_precision.gradient_underflow(cfg, (1.0, 1e-3)))}),
     ]
 
 
 @contextlib.contextmanager
 def _memory_cap(device, cap_bytes: int):
     """Limit this process's share of the GPU to ``cap_bytes`` (no-op on a smaller GPU or a CPU)."""
-    import torch
-
     if device.type != "cuda":
         yield
         return
@@ -85,38 +86,31 @@ def _memory_cap(device, cap_bytes: int):
 
 
 def _bench_02(cfg: RunConfig) -> list[Part]:
-    from .env import resolve_device
-    from .results import to_frame
-    from .techniques import batching
-
     prof = profile()
     warmup = prof.train_size // max(prof.batch_sizes) * prof.sweep_epochs // 4
     device = resolve_device(cfg.device)
     budget = None if device.type == "cuda" else CPU_BUDGET_BYTES
     with _memory_cap(device, EMULATED_GPU_BYTES):
-        search = batching.batch_search(cfg, budget_bytes=budget)
+        search = batch_search(cfg, budget_bytes=budget)
     search_extras = {"best": search.best, "budget_bytes": search.budget_bytes, "elapsed_s": search.elapsed_s,
                      "emulated_gpu_bytes": EMULATED_GPU_BYTES if budget is None else None,
                      "tried": _records(search.to_frame())}
     accum = run_configs([cfg.replace(grad_accum=k) for k in (1, 2, 4, 8)])
     return [
-        Part("sweep", rows=batching.compare_lr_scaling(cfg, warmup_steps=max(1, warmup))),
-        Part("accumulation", rows=to_frame(accum), extras={"gaps": _records(batching.accumulation_table(cfg, 4))}),
+        Part("sweep", rows=batch_size.compare_lr_scaling(cfg, warmup_steps=max(1, warmup))),
+        Part("accumulation", rows=to_frame(accum), extras={"gaps": _records(batch_size.accumulation_table(cfg, 4))}),
         Part("search", extras=search_extras),
-        Part("prediction", rows=batching.prediction_table(cfg, fit_sizes=(16, 32), check_sizes=(64, 128, 256, 512))),
+        Part("prediction", rows=batch_size.prediction_table(cfg, fit_sizes=(16, 32), check_sizes=(64, 128, 256, 512))),
     ]
 
 
 def _bench_03(cfg: RunConfig) -> list[Part]:
-    from .env import resolve_device
-    from .techniques import memory
-
     optimizers = ["adamw", "adamw8bit"] + (["paged_adamw8bit"] if resolve_device(cfg.device).type == "cuda" else [])
     return [
-        Part("tradeoff", rows=memory.checkpoint_tradeoff(cfg)),
-        Part("staged", rows=memory.staged_runs(cfg).frame),
+        Part("tradeoff", rows=memory_savers.checkpoint_tradeoff(cfg)),
+        Part("staged", rows=memory_savers.staged_runs(cfg).frame),
         Part("optimizers", run_configs([cfg.replace(optimizer=name) for name in optimizers]),
-             extras={"calculator": _records(memory.calculator_check(cfg.replace(optimizer="adamw8bit")))}),
+             extras={"calculator": _records(memory_savers.calculator_check(cfg.replace(optimizer="adamw8bit")))}),
     ]
 
 

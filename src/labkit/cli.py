@@ -7,13 +7,16 @@ import json
 import sys
 from pathlib import Path
 
+from .bench import run_bench
+from .config import load_config, parse_yaml
+from .env import env_report
 from .errors import ConfigError, LabkitError
+from .pretrain import pretrain
+from .results import cached_fit, sweep, to_frame
 
 
 def _parse_set(items: list[str]) -> dict:
     """``["batch_size=32,64", "precision=fp32"]`` -> ``{"batch_size": [32, 64], "precision": ["fp32"]}``."""
-    from .config import parse_yaml
-
     axes = {}
     for item in items:
         if "=" not in item:
@@ -26,16 +29,11 @@ def _parse_set(items: list[str]) -> dict:
 
 
 def _cmd_env(args) -> int:
-    from .env import env_report
-
     print(env_report())
     return 0
 
 
 def _cmd_run(args) -> int:
-    from .config import load_config
-    from .results import cached_fit, to_frame
-
     cfg = load_config(args.config)
     result = cached_fit(cfg, refresh=args.refresh)
     print(to_frame([result]).T.to_string(header=False))
@@ -44,9 +42,6 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from .config import load_config
-    from .results import sweep
-
     cfg = load_config(args.config)
     frame = sweep(cfg, refresh=args.refresh, **_parse_set(args.set or []))
     columns = [c for c in ("batch_size", "precision", "model", "step_time_s", "throughput", "peak_memory_bytes",
@@ -59,8 +54,6 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_pretrain(args) -> int:
-    from .pretrain import pretrain
-
     for name in args.models:
         info = pretrain(name, steps=args.steps)
         print(json.dumps(info))
@@ -68,8 +61,6 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from .bench import run_bench
-
     paths = run_bench(out_dir=Path(args.out) if args.out else None, profile_name=args.profile,
                       experiments=args.experiments or None)
     for path in paths:

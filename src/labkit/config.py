@@ -4,29 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import numbers
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
 
+from . import data, models
+from .env import profile
 from .errors import ConfigError
+from .validate import is_int, is_number
 
 PRECISIONS = ("fp32", "fp16", "bf16", "auto")
 OPTIMIZERS = ("adamw", "sgd", "adamw8bit", "paged_adamw8bit")
 DEVICES_HINT = "'auto', 'cpu', 'cuda' or 'cuda:N'"
-
-
-def is_int(value) -> bool:
-    """An integer (numpy integers too), but not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def is_number(value) -> bool:
-    """A finite real number, but not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -41,7 +32,7 @@ class RunConfig:
         optimizer, lr, weight_decay, momentum: the optimizer: ``adamw``, ``sgd`` (the only one with a
             ``momentum``), or bitsandbytes' 8-bit AdamW, ``adamw8bit`` (CPU and GPU) or
             ``paged_adamw8bit`` (CUDA only: its state can spill to CPU memory); the 8-bit ones need the
-            ``bitsandbytes`` package (see `labkit.techniques.memory`).
+            ``bitsandbytes`` package (see `labkit.techniques.optimizers`).
         lr_warmup_steps: raise the learning rate linearly over the first this-many optimizer steps
             (step ``s`` uses ``lr * s / lr_warmup_steps``), then keep ``lr``; 0 (the default) means no
             warm-up. Large batches with a scaled-up ``lr`` need it (Goyal et al. 2017). Must be fewer
@@ -52,7 +43,7 @@ class RunConfig:
         checkpointing: gradient (activation) checkpointing of the model's blocks, recomputed in the
             backward pass instead of stored: False (off), True (every block its own segment) or an int,
             the number of checkpointed segments the blocks are split into (1 to the model's number of
-            blocks, see `labkit.techniques.memory.checkpoint_blocks`).
+            blocks, see `labkit.techniques.checkpointing.checkpoint_blocks`).
         freeze: arrives with its notebook; only the default (None) is accepted now.
         seed: seeds data order, initialisation and augmentation.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
@@ -90,8 +81,6 @@ class RunConfig:
     evaluate: bool = True
 
     def __post_init__(self):
-        from . import data, models
-
         if self.model not in models.available():
             raise ConfigError("model", self.model, f"one of {models.available()}")
         if self.dataset not in data.available():
@@ -176,8 +165,6 @@ def baseline(prof=None, **overrides) -> RunConfig:
     Example:
         >>> cfg = baseline(labkit.profile("ci"), batch_size=32)
     """
-    from .env import profile
-
     prof = prof or profile()
     values = {"model": "small_cnn", "dataset": "shapes10", "batch_size": 64, "lr": 1e-3,
               "max_steps": prof.max_steps, "pretrained": True}

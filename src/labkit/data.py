@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
-from .config import is_int
 from .env import is_online
 from .errors import ConfigError, DatasetUnavailableError
+from .validate import is_int
 
 DATA_DIR_ENV = "LABKIT_DATA_DIR"
 DOWNLOAD_TIMEOUT_S = 60.0

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .errors import ConfigError
+from .project import __version__
 
 PROFILE_ENV = "LABKIT_PROFILE"
 OFFLINE_ENV = "LABKIT_OFFLINE"
@@ -25,7 +26,7 @@ class Profile:
         max_steps: the step budget of one fine-tune in the notebooks.
         warmup_steps: untimed plain steps before timing starts (the profiling steps come on top).
         repeats: timed repetitions of latency and timing demos.
-        batch_sizes: the batch sizes notebook 02 sweeps (`labkit.techniques.batching.batch_sweep`).
+        batch_sizes: the batch sizes notebook 02 sweeps (`labkit.labs.batch_size.batch_sweep`).
         sweep_epochs: epochs of each run in that sweep. Runs there are epoch-based, so that every batch
             size sees the same data and a larger batch takes fewer, larger steps.
     """
@@ -176,8 +177,6 @@ def env_report(device: str = "auto") -> EnvReport:
         >>> rep["device"], rep["bf16"]
         ('cpu', True)
     """
-    from . import __version__
-
     dev = resolve_device(device)
     report = EnvReport(device=dev.type, gpu=None, capability=None, gpu_memory_bytes=None)
     if dev.type == "cuda":

@@ -223,7 +223,7 @@ def _load_backbone(model: nn.Module, state: dict, origin: str) -> None:
 # --- stages ---------------------------------------------------------------------------------------
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap(model: nn.Module) -> nn.Module:
     """The model inside a DistributedDataParallel / DataParallel wrapper or a torch.compile result."""
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
@@ -232,6 +232,11 @@ def _unwrap(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether ``model`` has a BatchNorm layer (which needs at least 2 samples per batch in training)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def _family(model: nn.Module) -> str | None:
@@ -260,7 +265,7 @@ def named_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
         >>> [name for name, _ in named_stages(build("resnet18", 10, pretrained=False)[0])]
         ['stem', 'layer1', 'layer2', 'layer3', 'layer4', 'head']
     """
-    m = _unwrap(model)
+    m = unwrap(model)
     family = _family(m)
     if family == "small_cnn":
         return list(m.named_children())
@@ -289,7 +294,7 @@ def block_names(model: nn.Module | str) -> list[str]:
     """The names of a model's blocks: its stages before the head, in forward order.
 
     The model's forward is exactly its blocks in a row followed by `forward_head`, which is what lets
-    `labkit.techniques.memory.apply_checkpointing` run the blocks in checkpointed segments.
+    `labkit.techniques.checkpointing.apply_checkpointing` run the blocks in checkpointed segments.
 
     Args:
         model: a model from `build` (wrappers are removed), or a model name.
@@ -303,9 +308,9 @@ def block_names(model: nn.Module | str) -> list[str]:
             raise ConfigError("model", model, f"one of {available()}")
         family = _FAMILIES[model]
     else:
-        family = _family(_unwrap(model))
+        family = _family(unwrap(model))
     if family not in _BLOCKS:
-        raise ConfigError("model", type(_unwrap(model)).__name__,
+        raise ConfigError("model", type(unwrap(model)).__name__,
                           f"a model built by labkit.models.build (one of {available()}) to have blocks")
     return list(_BLOCKS[family])
 
@@ -319,7 +324,7 @@ def forward_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         >>> for name in block_names(model): x = stages[name](x)
         >>> logits = forward_head(model, x)  # == model(images)
     """
-    m = _unwrap(model)
+    m = unwrap(model)
     family = _family(m)
     if family == "small_cnn":
         return m.head(x)
@@ -332,7 +337,7 @@ def forward_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _head_keys(model: nn.Module) -> set[str]:
-    m = _unwrap(model)
+    m = unwrap(model)
     head = named_stages(m)[-1][1]
     head_tensors = {id(t) for t in [*head.parameters(), *head.buffers()]}
     return {k for k, t in [*m.named_parameters(), *m.named_buffers()] if id(t) in head_tensors}
@@ -392,7 +397,7 @@ def save_checkpoint(model: nn.Module, name: str, meta: dict) -> Path:
         json.dumps(meta)
     except TypeError as exc:
         raise ConfigError("meta", meta, f"JSON-serialisable values ({exc})") from exc
-    m = _unwrap(model)
+    m = unwrap(model)
     head = _head_keys(m)
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in m.state_dict().items() if k not in head}
     directory = checkpoint_dir()

@@ -17,8 +17,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
+from .config import field_names
 from .errors import ConfigError
+from .labs.start_here import headline
 from .result import MEMORY_CATEGORIES
+from .results import to_row
 
 MiB = 2**20
 
@@ -314,7 +317,7 @@ def loss_scale(trace: pd.DataFrame, ax=None):
     """A GradScaler's scale over the optimizer steps (log2 axis), skipped steps marked.
 
     Args:
-        trace: ``labkit.techniques.precision.scaler_trace(...)``: columns ``step``, ``scale``, ``skipped``.
+        trace: ``labkit.labs.mixed_precision.scaler_trace(...)``: columns ``step``, ``scale``, ``skipped``.
         ax: the Axes to draw on (default: a new figure).
 
     Returns:
@@ -346,11 +349,11 @@ def batch_search(search, ax=None):
     answer a vertical one.
 
     Args:
-        search: a ``labkit.techniques.batching.BatchSearch`` (from ``batching.batch_search``).
+        search: a ``labkit.techniques.oom_backoff.BatchSearch`` (from ``labkit.capacity.batch_search``).
         ax: the Axes to draw on (default: a new figure).
 
     Example:
-        >>> plots.batch_search(batching.batch_search(cfg, budget_bytes=64 * 2**20))
+        >>> plots.batch_search(labkit.capacity.batch_search(cfg, budget_bytes=64 * 2**20))
     """
     frame = search.to_frame()
     ax = _axes(ax)
@@ -445,9 +448,6 @@ class History:
         self.metrics, self.max_runs, self.runs = tuple(metrics), max_runs, []
 
     def __call__(self, result) -> None:
-        from .findings import headline
-        from .results import to_row
-
         self.runs = [*self.runs, result][-self.max_runs:]
         if getattr(result, "error", None):
             print(f"run failed: {result.error}")
@@ -471,8 +471,6 @@ def run_overview(result) -> None:
     Example:
         >>> ExperimentPanel(labkit.fit, {"batch_size": (16, 256, 16)}, show=plots.run_overview)
     """
-    from .findings import headline
-
     if getattr(result, "error", None):
         print(f"run failed: {result.error}")
         return
@@ -619,7 +617,7 @@ def _frame_rows(df: pd.DataFrame, label: str | None) -> dict | list:
         item = {k: _none_if_nan(v) for k, v in row.items()}
         item["memory"] = {c: item.get(f"mem_{c}_bytes") for c in MEMORY_CATEGORIES
                           if item.get(f"mem_{c}_bytes") is not None}
-        item["config"] = {k: item.get(k) for k in _config_fields() if k in item}
+        item["config"] = {k: item.get(k) for k in field_names() if k in item}
         rows.append(item)
     if label is None:
         return rows
@@ -630,12 +628,6 @@ def _frame_rows(df: pd.DataFrame, label: str | None) -> dict | list:
             name += "'"
         labelled[name] = item
     return labelled
-
-
-def _config_fields() -> list[str]:
-    from .config import field_names
-
-    return field_names()
 
 
 def _labelled(results) -> dict:

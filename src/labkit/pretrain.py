@@ -11,6 +11,7 @@ import torch
 
 from . import models
 from .config import RunConfig
+from .errors import ConfigError
 from .train import fit
 
 # Per-model recipe (one for each of models.SHIPPED_CHECKPOINTS): enough steps to learn the source task well on a 2-core CPU in a few minutes.
@@ -30,8 +31,6 @@ def pretrain(name: str, steps: int | None = None, seed: int = 0) -> dict:
         >>> pretrain("small_cnn")["accuracy"]
     """
     if name not in models.SHIPPED_CHECKPOINTS:
-        from .errors import ConfigError
-
         raise ConfigError("model", name, f"one of {list(models.SHIPPED_CHECKPOINTS)} (models small enough to ship)")
     recipe = dict(RECIPES[name])
     if steps is not None:

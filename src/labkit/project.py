@@ -1,6 +1,8 @@
-"""Where labkit lives. The one place the repository URL is written: notebook badges and install cells
-are generated from it (``python scripts/sync_notebooks.py``) and a test checks that they agree."""
+"""What labkit is and where it lives: its version, and the one place the repository URL is written
+(notebook badges and install cells are generated from it by ``python scripts/sync_notebooks.py``, and a
+test checks that they agree)."""
 
+__version__ = "0.1.0"
 REPO = "labkit-lab/labkit"
 BRANCH = "main"
 DISTRIBUTION = "labkit-finetune"  # the pip name; "labkit" on the package index is an unrelated project

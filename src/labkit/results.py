@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import itertools
@@ -13,12 +14,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pandas as pd
+import torch
 
-from . import __version__
 from .config import RunConfig, check_keys, field_names
+from .data import cache_dir
 from .env import env_report, hardware_key, is_online, profile, resolve_device
 from .errors import ConfigError, DatasetUnavailableError
+from .models import checkpoint_dir
+from .project import __version__
 from .result import MEMORY_CATEGORIES, RunResult
+from .train import fit
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
 METRIC_COLUMNS = (
@@ -30,8 +35,6 @@ METRIC_COLUMNS = (
 
 def results_dir() -> Path:
     """Where finished runs are cached: ``<data cache>/results``."""
-    from .data import cache_dir
-
     return cache_dir() / "results"
 
 
@@ -48,8 +51,6 @@ def _code_fingerprint() -> str:
 def cache_key(cfg: RunConfig, env: dict) -> str:
     """A run is reusable when the config, the hardware, torch/torchvision, the profile, whether labkit may
     download (which decides the starting weights) and labkit's code all match."""
-    from .models import checkpoint_dir
-
     blob = json.dumps({"config": cfg.to_dict(), "hardware": hardware_key(env), "torchvision": env.get("torchvision"),
                        "online": is_online(), "checkpoints": str(checkpoint_dir()), "code": _code_fingerprint()},
                       sort_keys=True)
@@ -76,8 +77,6 @@ def cached_fit(cfg: RunConfig, refresh: bool = False, progress: bool = True, on_
     Example:
         >>> res = cached_fit(cfg)   # a second call returns the stored result at once
     """
-    from .train import fit
-
     env = env_report(cfg.device)
     path = results_dir() / f"{cache_key(cfg, env)}.json"
     if path.exists() and not refresh:
@@ -141,7 +140,7 @@ def sweep(cfg: RunConfig, refresh: bool = False, progress: bool = True, **axes) 
 def run_configs(configs: Iterable[RunConfig], refresh: bool = False, progress: bool = True) -> list[RunResult]:
     """Run each config (through the cache, see `cached_fit`) and return one `RunResult` per config, in order.
 
-    The loop behind `sweep` and `labkit.techniques.batching.batch_sweep`. A run that fails (out of
+    The loop behind `sweep` and the labs' sweeps (e.g. `labkit.labs.batch_size.batch_sweep`). A run that fails (out of
     memory, a non-finite loss, a torch error) becomes a result with its ``error`` set instead of
     stopping the others; a missing dataset stops everything, since every run would fail the same way.
 
@@ -188,8 +187,6 @@ def cached_record(key: str, compute: Callable[[], dict], refresh: bool = False) 
 
 
 def _free_cuda_memory() -> None:
-    import torch
-
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -233,8 +230,6 @@ def write_reference(results: list[RunResult], path: Path, extras: dict | None = 
         extras: anything else worth keeping (JSON-serialisable). env: the machine's report (default:
             the first result's, else this machine's).
     """
-    import datetime
-
     env = env or (results[0].env if results else env_report())
     payload = {
         "gpu": env.get("gpu") or f"CPU ({env.get('cpu')})",

@@ -20,11 +20,12 @@ from tqdm.auto import tqdm
 
 from . import data, measure, models
 from .config import RunConfig
-from .env import env_report, profile, resolve_device, set_tf32
+from .env import Profile, env_report, profile, resolve_device, set_tf32
 from .errors import ConfigError, NonFiniteLossError
 from .result import RunResult
-from .techniques import memory
-from .techniques.batching import sync_context
+from .techniques.accumulation import sync_context
+from .techniques.checkpointing import apply_checkpointing
+from .techniques.optimizers import build_optimizer, warmup_lr
 from .techniques.precision import autocast, grad_scaler, resolve_precision
 
 PROFILING_STEPS = 2  # one FLOP-counting step, one memory-tracking step
@@ -38,15 +39,24 @@ def _splits(name: str, train_size: int, val_size: int, test_size: int) -> dict:
     return data.load_splits(name, train_size=train_size, val_size=val_size, test_size=test_size, seed=0)
 
 
-def build_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The optimizer named by ``cfg.optimizer`` over the trainable parameters (8-bit ones: bitsandbytes,
-    see `labkit.techniques.memory.build_8bit_optimizer`)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.optimizer in memory.EIGHT_BIT_OPTIMIZERS:
-        return memory.build_8bit_optimizer(params, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = True) -> dict:
+    """The train/val/test splits a run of ``cfg`` uses: ``cfg.train_size`` (else the profile's) training
+    samples and the profile's validation and test sizes. Loaded once per session and size.
+
+    Args:
+        cfg: the run. prof: the profile (default: the active one).
+        training: check that one batch of ``cfg`` fits in the training set (False when only the test
+            split is used, e.g. to time inference).
+
+    Example:
+        >>> run_splits(cfg)["test"].num_classes
+        10
+    """
+    prof = prof or profile()
+    train_size = cfg.train_size or prof.train_size
+    if training and cfg.batch_size > train_size:
+        raise ConfigError("batch_size", cfg.batch_size, f"at most train_size={train_size} (the training set's size)")
+    return _splits(cfg.dataset, train_size, prof.val_size, prof.test_size)
 
 
 def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
@@ -83,7 +93,8 @@ def _check_losses(values: torch.Tensor, first_step: int, precision: str) -> None
 class Trainer:
     """Everything one run needs, set up from a `RunConfig`: data, model, optimizer, precision, one step.
 
-    `fit` drives it; `timing_demo` reuses its step. Techniques plug in here through config fields.
+    `fit` drives it; experiments that need single steps (`labkit.labs.start_here.timing_demo`,
+    `labkit.capacity.step_memory`) reuse its step. Techniques plug in here through config fields.
     """
 
     def __init__(self, cfg: RunConfig):
@@ -107,24 +118,20 @@ class Trainer:
         measure.reset_memory(self.device)
         self.baseline_bytes = measure.allocated_now(self.device)
 
-        train_size = cfg.train_size or self.profile.train_size
-        if cfg.batch_size > train_size:
-            raise ConfigError("batch_size", cfg.batch_size,
-                              f"at most train_size={train_size} (the training set's size)")
-        self.splits = _splits(cfg.dataset, train_size, self.profile.val_size, self.profile.test_size)
+        self.splits = run_splits(cfg, self.profile)
         self.train_split = self.splits["train"]
 
         torch.manual_seed(cfg.seed)
         model, self.weights = models.build(cfg.model, self.train_split.num_classes, pretrained=cfg.pretrained)
         micro_batch = cfg.batch_size // cfg.grad_accum
-        if micro_batch < 2 and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        if micro_batch < 2 and models.has_batchnorm(model):
             raise ConfigError("batch_size", cfg.batch_size,
                               f"at least 2 samples per micro-batch (batch_size / grad_accum = {micro_batch}): "
                               f"{cfg.model} has BatchNorm, which needs more than one value per channel")
         if self.weights.warning:
             self.warnings.append(self.weights.warning)
         if cfg.checkpointing is not False:
-            memory.apply_checkpointing(model, cfg.checkpointing)
+            apply_checkpointing(model, cfg.checkpointing)
         memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(self.device, memory_format=memory_format)
         self.model.train()
@@ -138,7 +145,7 @@ class Trainer:
         """One optimizer step over ``grad_accum`` micro-batches; returns the loss (a detached tensor).
 
         Applies the learning-rate warm-up (``cfg.lr_warmup_steps``) and, under DDP, skips the gradient
-        all-reduce on all but the last micro-batch (`labkit.techniques.batching.sync_context`).
+        all-reduce on all but the last micro-batch (`labkit.techniques.accumulation.sync_context`).
         """
         cfg, device = self.cfg, self.device
         x = data.to_model_input(images, self.train_split, device, cfg.channels_last)
@@ -155,12 +162,7 @@ class Trainer:
                     loss = F.cross_entropy(self.model(micro_x), micro_y) / cfg.grad_accum
                 self.scaler.scale(loss).backward()
             step_loss += loss.detach().float()
-        if self.optimizer_steps < cfg.lr_warmup_steps:
-            # Set the lr directly rather than through a scheduler: a GradScaler that skips a step would
-            # make a scheduler warn about its call order, and this costs nothing after the warm-up.
-            lr = cfg.lr * (self.optimizer_steps + 1) / cfg.lr_warmup_steps
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+        warmup_lr(self.optimizer, cfg.lr, self.optimizer_steps, cfg.lr_warmup_steps)
         self.optimizer_steps += 1
         if cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
@@ -277,14 +279,3 @@ def fit(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, progr
         >>> res.step_time_s, res.peak_memory_bytes, res.accuracy
     """
     return Trainer(cfg).run(on_step=on_step, progress=progress)
-
-
-def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> measure.TimingPitfalls:
-    """Time one training step of ``cfg`` cold, warm and synchronised, and warm without synchronising.
-
-    Example:
-        >>> tp = timing_demo(cfg); tp.cold_vs_warm, tp.unsynced_vs_synced
-    """
-    trainer = Trainer(cfg)
-    images, labels = next(iter(trainer.loader))
-    return measure.timing_pitfalls(lambda: trainer.step(images, labels), trainer.device, warmup, repeats)

@@ -16,8 +16,9 @@ import traceback
 import ipywidgets as widgets
 from IPython.display import display
 
-from .config import RunConfig, check_keys, is_number
+from .config import RunConfig, check_keys
 from .errors import ConfigError, LabkitError
+from .validate import is_number
 
 _WIDE = {"description_width": "initial"}
 CONTROL_KINDS = ("a list of values (dropdown), a (min, max, step) tuple of numbers (int or float slider) "

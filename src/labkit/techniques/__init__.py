@@ -1,1 +1,2 @@
-"""One module per technique. Each transforms a model, an optimizer or a config and reports what it changed."""
+"""Each technique's mechanism: small functions on a model, optimizer or batch that a learner could copy
+into their own training loop. No training loop, no experiments, no prose; nothing above the base layer."""

@@ -1,18 +1,28 @@
-"""Sentences computed from live results, so that what a notebook says matches what this run measured.
+"""Notebook 00 (start here): how labkit measures, and the sentences computed from a run's live results.
 
-Notebooks print these instead of typing figures into prose; on CPU and on GPU they stay true.
+- `timing_demo`: one training step timed cold, warm and synchronised, and warm without synchronising.
+- `timing`, `headline`, `memory`, `compare`: what a run measured, in words. Notebooks print these instead
+  of typing figures into prose, so that on CPU and on GPU they stay true.
 """
 
 from __future__ import annotations
 
-from .measure import TimingPitfalls
-from .result import MEMORY_CATEGORIES, RunResult
+from ..config import RunConfig
+from ..measure import TimingPitfalls, timing_pitfalls
+from ..result import MEMORY_CATEGORIES, RunResult
+from ..train import Trainer
+from ..units import mib
 
-MiB = 2**20
 
+def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> TimingPitfalls:
+    """Time one training step of ``cfg`` cold, warm and synchronised, and warm without synchronising.
 
-def _mib(nbytes) -> str:
-    return "n/a" if nbytes is None else f"{nbytes / MiB:.2f} MiB"
+    Example:
+        >>> tp = timing_demo(cfg); tp.cold_vs_warm, tp.unsynced_vs_synced
+    """
+    trainer = Trainer(cfg)
+    images, labels = next(iter(trainer.loader))
+    return timing_pitfalls(lambda: trainer.step(images, labels), trainer.device, warmup, repeats)
 
 
 def timing(tp: TimingPitfalls) -> str:
@@ -49,11 +59,11 @@ def headline(res: RunResult) -> str:
         f"Step time: median {res.step_time_s * 1e3:.2f} ms (10-90%: {res.step_time_p10_s * 1e3:.2f}-"
         f"{res.step_time_p90_s * 1e3:.2f} ms) over {res.timed_steps} timed steps; {untimed} warm-up and "
         f"profiling steps were not timed. Throughput: {res.throughput:.0f} samples/s.",
-        f"Peak memory: {_mib(res.peak_memory_bytes)} "
+        f"Peak memory: {mib(res.peak_memory_bytes)} "
         + ("(max_memory_allocated over the timed steps)." if res.reserved_memory_bytes is not None
            else "(live tensors counted exactly by labkit's tracker: the CPU has no caching allocator)."),
         f"Test accuracy: {res.accuracy:.1%} (chance is 10%)." if res.accuracy is not None else "Not evaluated.",
-        f"Model size: {_mib(res.model_size_bytes)} serialised, {res.num_params:,} parameters "
+        f"Model size: {mib(res.model_size_bytes)} serialised, {res.num_params:,} parameters "
         f"({res.num_trainable_params:,} trainable).",
     ]
     if res.achieved_flops:
@@ -73,15 +83,15 @@ def memory(res: RunResult) -> str:
     if res.reserved_memory_bytes is not None:
         gap = res.reserved_memory_bytes - res.peak_memory_bytes
         lines.append(
-            f"Allocated peak {_mib(res.peak_memory_bytes)}, reserved {_mib(res.reserved_memory_bytes)}: the caching "
-            f"allocator held {_mib(gap)} that no tensor was using. nvidia-smi shows the reserved figure (plus the "
+            f"Allocated peak {mib(res.peak_memory_bytes)}, reserved {mib(res.reserved_memory_bytes)}: the caching "
+            f"allocator held {mib(gap)} that no tensor was using. nvidia-smi shows the reserved figure (plus the "
             "CUDA context); comparisons must use the allocated one.")
     else:
         lines.append(
-            f"Peak {_mib(res.peak_memory_bytes)} of live tensors. The CPU has no caching allocator, so there is no "
+            f"Peak {mib(res.peak_memory_bytes)} of live tensors. The CPU has no caching allocator, so there is no "
             "'reserved' figure here; on a GPU labkit reports both.")
     if res.memory:
-        parts = ", ".join(f"{c.replace('_', ' ')} {_mib(res.memory.get(c, 0))}" for c in MEMORY_CATEGORIES)
+        parts = ", ".join(f"{c.replace('_', ' ')} {mib(res.memory.get(c, 0))}" for c in MEMORY_CATEGORIES)
         lines.append(f"Each category's own peak during a step: {parts}.")
         largest = max(MEMORY_CATEGORIES, key=lambda c: res.memory.get(c, 0))
         total = sum(res.memory.get(c, 0) for c in MEMORY_CATEGORIES)
@@ -90,13 +100,13 @@ def memory(res: RunResult) -> str:
                     "(activations at the end of the forward pass, gradients and the backward pass's temporary "
                     "buffers later, while activations are being freed)")
         if tracked is not None and total > tracked:
-            sentence += (f", so their peaks add up to {_mib(total)}, more than the {_mib(tracked)} held at "
+            sentence += (f", so their peaks add up to {mib(total)}, more than the {mib(tracked)} held at "
                          "the moment of the total peak.")
         else:
             sentence += "."
         lines.append(sentence)
         if res.reserved_memory_bytes is not None and tracked is not None and res.peak_memory_bytes > tracked:
-            lines.append(f"The allocator's peak is {_mib(res.peak_memory_bytes - tracked)} above the tracked "
+            lines.append(f"The allocator's peak is {mib(res.peak_memory_bytes - tracked)} above the tracked "
                          "tensors: cuBLAS/cuDNN workspaces and the allocator's rounding of each block.")
     elif res.memory_note:
         lines.append(res.memory_note)

@@ -1,23 +1,32 @@
-from labkit import findings
+"""labkit.labs.start_here: the timing demo and the sentences worded from a run's numbers."""
+
+
+
+from labkit.labs import start_here
 from labkit.measure import TimingPitfalls
 from labkit.result import RunResult
 
 
+def test_timing_demo(tiny_cfg):
+    tp = start_here.timing_demo(tiny_cfg, warmup=1, repeats=3)
+    assert tp.repeats == 3 and tp.warm_median_s > 0 and tp.first_call_s > 0 and tp.device == "cpu"
+
+
 def test_timing_on_gpu_flags_an_unsynchronised_clock():
     tp = TimingPitfalls(first_call_s=0.5, warm_median_s=0.010, unsynced_median_s=0.001, device="cuda", repeats=10)
-    text = findings.timing(tp)
+    text = start_here.timing(tp)
     assert "50.0x the warm median of 10.00 ms" in text and "only 0.10x the real time" in text
     assert "cuBLAS/cuDNN handles" in text
 
 
 def test_timing_on_gpu_when_cpu_bound_says_so():
     tp = TimingPitfalls(first_call_s=0.5, warm_median_s=0.010, unsynced_median_s=0.0095, device="cuda", repeats=10)
-    assert "the CPU side was the bottleneck" in findings.timing(tp)
+    assert "the CPU side was the bottleneck" in start_here.timing(tp)
 
 
 def test_timing_on_cpu_explains_there_is_nothing_to_synchronise():
     tp = TimingPitfalls(first_call_s=0.05, warm_median_s=0.010, unsynced_median_s=0.011, device="cpu", repeats=10)
-    text = findings.timing(tp)
+    text = start_here.timing(tp)
     assert "nothing to synchronise" in text and "1.10x" in text and "CUDA" not in text
 
 
@@ -33,30 +42,30 @@ def _result(**overrides):
 
 
 def test_headline_states_the_measured_numbers():
-    text = findings.headline(_result())
+    text = start_here.headline(_result())
     assert "median 40.00 ms" in text and "16 timed steps; 4 warm-up" in text and "1600 samples/s" in text
     assert "31.00 MiB" in text and "69.5%" in text and "295,490 parameters" in text
     assert "no datasheet peak" in text
-    text = findings.headline(_result(reserved_memory_bytes=40 * 2**20, mfu=0.012, precision_used="bf16"))
+    text = start_here.headline(_result(reserved_memory_bytes=40 * 2**20, mfu=0.012, precision_used="bf16"))
     assert "max_memory_allocated" in text and "1.2% of this GPU's bf16 datasheet peak" in text
 
 
 def test_memory_reports_reserved_gap_on_gpu_and_largest_category():
-    text = findings.memory(_result(reserved_memory_bytes=40 * 2**20))
+    text = start_here.memory(_result(reserved_memory_bytes=40 * 2**20))
     assert "reserved 40.00 MiB" in text and "held 9.00 MiB" in text and "The largest is activations" in text
-    assert "no caching allocator" in findings.memory(_result())
+    assert "no caching allocator" in start_here.memory(_result())
 
 
 def test_compare_accuracy():
     a, b = _result(accuracy=0.98), _result(accuracy=0.5)
-    assert findings.compare("pretrained", a, "scratch", b) == (
+    assert start_here.compare("pretrained", a, "scratch", b) == (
         "pretrained: 98.0% vs scratch: 50.0% after the same 20 steps (+48.0 percentage points).")
 
 
 def test_memory_explains_why_category_peaks_exceed_the_total():
     at_peak = {"parameters": 2**20, "gradients": 2**20, "optimizer_state": 2 * 2**20, "activations": 20 * 2**20,
                "other": 0}
-    text = findings.memory(_result(memory_at_peak=at_peak))
+    text = start_here.memory(_result(memory_at_peak=at_peak))
     assert "add up to 42.00 MiB, more than the 24.00 MiB held at the moment of the total peak" in text
-    gpu = findings.memory(_result(memory_at_peak=at_peak, reserved_memory_bytes=40 * 2**20))
+    gpu = start_here.memory(_result(memory_at_peak=at_peak, reserved_memory_bytes=40 * 2**20))
     assert "7.00 MiB above the tracked tensors" in gpu

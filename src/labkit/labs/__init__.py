@@ -1,0 +1,5 @@
+"""Each notebook's experiments and the findings worded from their live numbers, one module per notebook.
+
+A lab module answers "what does the technique do to time, memory, accuracy and size here"; the
+technique itself (what a learner copies into their own loop) is in `labkit.techniques`.
+"""

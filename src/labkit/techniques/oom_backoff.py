@@ -1,0 +1,152 @@
+"""Out-of-memory back-off, the mechanism behind "the largest batch that fits": try a size, and on an
+out-of-memory error free the memory and try a smaller one; double, then bisect to the exact largest.
+
+`search_batch_size` takes any ``fits(size)`` function; `labkit.capacity.batch_search` gives it one
+that runs a real training step (the idea of accelerate's ``find_executable_batch_size``).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import pandas as pd
+import torch
+
+from ..errors import ConfigError
+from ..validate import check_positive_int
+
+DEFAULT_LIMIT = 2**16  # the largest batch a search tries unless told otherwise: 65,536 samples
+
+
+class Probe(NamedTuple):
+    """One batch size a search tried: whether it fits, and the step's measured peak (None if not measured)."""
+
+    batch_size: int
+    fits: bool
+    peak_bytes: int | None = None
+
+
+@dataclass
+class BatchSearch:
+    """What a batch-size search found and how.
+
+    Attributes:
+        best: the largest batch size that fits (0: none does).
+        tried: every `Probe` in the order tried: ``(batch_size, fits, peak_bytes)``.
+        limit: the largest size the search would try; ``best == limit`` means larger ones may fit too.
+        budget_bytes: the memory budget (None: fit means "no out-of-memory error").
+        state_bytes: the model's own memory before any sample (parameters, gradients, optimizer state, total).
+        device: where the probes ran; elapsed_s: how long the search took.
+    """
+
+    best: int
+    tried: list = field(default_factory=list)
+    limit: int = DEFAULT_LIMIT
+    budget_bytes: int | None = None
+    state_bytes: dict = field(default_factory=dict)
+    device: str = "cpu"
+    elapsed_s: float = math.nan
+
+    @property
+    def hit_limit(self) -> bool:
+        return self.best >= self.limit
+
+    def to_frame(self):
+        """The probes as a DataFrame (``step``, ``batch_size``, ``fits``, ``peak_bytes``), in the order tried."""
+        frame = pd.DataFrame(self.tried, columns=list(Probe._fields))
+        frame.insert(0, "step", range(1, len(frame) + 1))
+        return frame
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for an out-of-memory error: ``torch.OutOfMemoryError``, a RuntimeError saying "out of memory"
+    (older CUDA builds) or "can't allocate memory" (the CPU allocator), or a ``MemoryError``."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    message = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+
+
+def free_memory() -> None:
+    """Collect garbage and return cached GPU blocks, after an out-of-memory error."""
+    gc.collect()  # the failed step's tensors may sit in reference cycles of its traceback
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _try(fits: Callable, size: int) -> tuple[bool, int | None]:
+    out_of_memory = False
+    try:
+        outcome = fits(size)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        out_of_memory = True
+    if out_of_memory:  # outside the except block, so that the traceback (and its tensors) is gone
+        free_memory()
+        return False, None
+    if isinstance(outcome, tuple):
+        ok, peak = outcome
+        return bool(ok), None if peak is None else int(peak)
+    return bool(outcome), None
+
+
+def search_batch_size(fits: Callable[[int], object], start: int = 1, limit: int = DEFAULT_LIMIT,
+                      minimum: int = 1) -> BatchSearch:
+    """The largest integer size in ``[minimum, limit]`` for which ``fits(size)`` holds: double, then bisect.
+
+    Doubles from ``start`` until a size fails or ``limit`` is reached (``limit`` itself is tried), then
+    bisects between the last size that fit and the first that failed to the exact largest one. If
+    ``start`` fails, bisects between ``minimum - 1`` and ``start``. Assumes that a size fits when any
+    larger one does (memory grows with the batch). An out-of-memory error from ``fits`` (see
+    `is_out_of_memory`) counts as "does not fit": memory is freed and the search backs off. Any
+    other error propagates.
+
+    Args:
+        fits: ``fits(size)`` returns True/False, or a ``(fits, peak_bytes)`` pair, or raises an
+            out-of-memory error.
+        start: the first size tried.
+        limit: the largest size tried.
+        minimum: the smallest size allowed (e.g. 2 for BatchNorm); smaller sizes are never tried.
+
+    Returns:
+        A `BatchSearch`; ``best`` is 0 when not even ``minimum`` fits.
+
+    Example:
+        >>> search_batch_size(lambda b: b <= 100, start=8, limit=1024).best
+        100
+    """
+    if not callable(fits):
+        raise ConfigError("fits", fits, "a function fits(batch_size) -> bool")
+    check_positive_int("minimum", minimum)
+    check_positive_int("start", start, minimum)
+    check_positive_int("limit", limit, start)
+    tried: list[Probe] = []
+
+    def probe(size: int) -> bool:
+        ok, peak = _try(fits, size)
+        tried.append(Probe(size, ok, peak))
+        return ok
+
+    fitting, failing = minimum - 1, None  # largest size known to fit (minimum - 1: none yet), smallest known to fail
+    size = start
+    while True:
+        if not probe(size):
+            failing = size
+            break
+        fitting = size
+        if size >= limit:
+            break
+        size = min(2 * size, limit)
+    if failing is not None:
+        while failing - fitting > 1:
+            middle = (fitting + failing) // 2
+            if probe(middle):
+                fitting = middle
+            else:
+                failing = middle
+    return BatchSearch(best=fitting if fitting >= minimum else 0, tried=tried, limit=limit)

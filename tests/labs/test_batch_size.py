@@ -1,0 +1,169 @@
+"""labkit.labs.batch_size: notebook 02's experiments and the findings worded from them."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+import labkit
+from labkit import capacity, models
+from labkit.errors import ConfigError
+from labkit.labs import batch_size as batch_lab
+from labkit.result import RunResult
+
+# models
+
+
+def test_without_batchnorm():
+    model = labkit.models.build("small_cnn", 10, pretrained=False)[0]
+    count = sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    stripped = batch_lab.without_batchnorm(model)
+    assert stripped is model and count == 7 and not models.has_batchnorm(stripped)
+    assert sum(isinstance(m, torch.nn.Identity) for m in stripped.modules()) == count
+    assert stripped(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    assert isinstance(batch_lab.without_batchnorm(torch.nn.BatchNorm1d(3)), torch.nn.Identity)
+
+
+def test_accumulation_matches_the_whole_batch_except_with_batchnorm_in_train_mode(tiny_cfg):
+    table = batch_lab.accumulation_table(tiny_cfg, accum_steps=4)
+    gaps = dict(zip(table.batchnorm, table.max_abs_grad_diff, strict=True))
+    relative = dict(zip(table.batchnorm, table.relative_diff, strict=True))
+    assert table.micro_batch_size.tolist() == [8, 8, 8]
+    assert gaps["none"] < 1e-6 and relative["none"] < 1e-5  # float rounding
+    assert gaps["eval"] < 1e-5 and relative["eval"] < 1e-4
+    assert gaps["train"] > 1e-2 and relative["train"] > 0.1  # each micro-batch has its own statistics
+    assert batch_lab.accumulation_gap(tiny_cfg, 4, batchnorm="none") == gaps["none"]
+    assert batch_lab.accumulation_gap(tiny_cfg, 1, batchnorm="train") == 0.0
+
+
+def test_accumulation_gap_rejects_bad_input(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"accum_steps=5 is not allowed: a divisor of batch_size=32"):
+        batch_lab.accumulation_gap(tiny_cfg, 5)
+    with pytest.raises(ConfigError, match=r"batchnorm='frozen' is not allowed: 'train'"):
+        batch_lab.accumulation_gap(tiny_cfg, 4, batchnorm="frozen")
+    with pytest.raises(ConfigError, match=r"accum_steps=32 is not allowed: at most batch_size / 2 = 16"):
+        batch_lab.accumulation_gap(tiny_cfg, 32)
+
+
+def test_batch_sweep_columns_epoch_time_and_cache(tiny_cfg, monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    df = batch_lab.batch_sweep(tiny_cfg, [16, 32], lr_scaling="linear", base_batch_size=16, epochs=1)
+    for column in ("batch_size", "step_time_s", "peak_memory_bytes", "accuracy", "error", "steps_per_epoch",
+                   "epoch_time_s", "lr", "lr_scaling", "inference_time_s", "inference_per_sample_s"):
+        assert column in df, column
+    assert df.error.isna().all() and df.max_steps.isna().all() and df.epochs.eq(1).all()
+    assert df.steps_per_epoch.tolist() == [8, 4] and df.steps.tolist() == [8, 4]
+    assert df.epoch_time_s.tolist() == pytest.approx((df.step_time_s * df.steps_per_epoch).tolist())
+    assert df.lr.tolist() == pytest.approx([1e-3, 2e-3]) and set(df.lr_scaling) == {"linear"}
+    assert (df.inference_time_s > 0).all()
+    assert df.inference_time_s.tolist() == pytest.approx((df.inference_batch_latency_s * [16, 8]).tolist())
+    assert df.inference_per_sample_s.tolist() == pytest.approx((df.inference_batch_latency_s / [16, 32]).tolist())
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a cached result should have been used")
+
+    monkeypatch.setattr("labkit.results.fit", must_not_run)
+    monkeypatch.setattr(batch_lab._InferenceTimer, "measure", must_not_run)
+    again = batch_lab.batch_sweep(tiny_cfg, [16, 32], lr_scaling="linear", base_batch_size=16, epochs=1)
+    pd.testing.assert_frame_equal(again, df)
+
+
+def test_batch_sweep_defaults_come_from_the_profile(tiny_cfg, monkeypatch):
+    ran = []
+
+    def run_configs(configs, refresh=False, progress=True):
+        ran.extend(configs)
+        return [RunResult(config=c.to_dict(), error="ConfigError: skipped") for c in configs]
+
+    monkeypatch.setattr("labkit.results.run_configs", run_configs)
+    df = batch_lab.batch_sweep(tiny_cfg.replace(batch_size=16), lr_scaling="sqrt")
+    prof = labkit.profile()
+    assert [c.batch_size for c in ran] == list(prof.batch_sizes) == [8, 16, 32, 64]
+    assert all(c.epochs == prof.sweep_epochs and c.max_steps is None for c in ran)
+    assert [c.lr for c in ran] == pytest.approx([1e-3 * math.sqrt(b / 16) for b in prof.batch_sizes])
+    assert df.error.notna().all() and df.epoch_time_s.isna().all() and df.inference_time_s.isna().all()
+    with pytest.raises(ConfigError, match=r"lr_scaling='cube' is not allowed: False, True"):
+        batch_lab.batch_sweep(tiny_cfg, lr_scaling="cube")
+    with pytest.raises(ConfigError, match=r"grad_accum=4 is not allowed: a divisor of batch_size=6"):
+        batch_lab.batch_sweep(tiny_cfg.replace(grad_accum=4), [8, 6])
+    assert len(ran) == 4  # invalid sweeps run nothing
+
+
+def _sweep_frame(accuracy, inference_s=(0.040, 0.041, 0.042, 0.043), epoch_s=(0.5, 0.4, 0.3, 0.28)):
+    sizes = [8, 16, 32, 64]
+    return pd.DataFrame({"batch_size": sizes, "peak_memory_bytes": [4e6 + 4e5 * b for b in sizes],
+                         "epoch_time_s": list(epoch_s), "inference_time_s": list(inference_s),
+                         "accuracy": list(accuracy), "profile": "ci", "error": None})
+
+
+def test_seed_claims_verdicts_follow_the_numbers():
+    claims = batch_lab.seed_claims(_sweep_frame([0.70, 0.80, 0.75, 0.60])).set_index("claim")
+    assert claims.loc["memory grows linearly with the batch size", "verdict"] == "reproduced"
+    assert "R^2 = 1.0000" in claims.loc["memory grows linearly with the batch size", "measured"]
+    assert claims.loc["training time per epoch falls as the batch grows", "measured"] == (
+        "0.50 s per epoch at batch 8, 0.28 s at 64 (0.56x)")
+    assert claims.loc["inference time barely moves with the batch size", "verdict"] == "reproduced"
+    assert claims.loc["a middle batch size generalises best", "verdict"] == "reproduced"
+    refuted = batch_lab.seed_claims(_sweep_frame([0.90, 0.80, 0.75, 0.60], inference_s=(0.08, 0.05, 0.04, 0.03),
+                                                epoch_s=(0.5, 0.5, 0.5, 0.5))).set_index("claim").verdict
+    assert list(refuted) == ["reproduced", "refuted", "refuted", "refuted"]
+    turning = batch_lab.seed_claims(_sweep_frame([0.7, 0.8, 0.75, 0.6], epoch_s=(0.5, 0.3, 0.2, 0.35)))
+    turning = turning.set_index("claim").loc["training time per epoch falls as the batch grows"]
+    assert turning.verdict == "partly: falls up to batch 32, then rises"
+    assert turning.measured.endswith("; fastest 0.20 s at batch 32, slower beyond")
+    flat = batch_lab.seed_claims(_sweep_frame([0.700, 0.701, 0.700, 0.700])).set_index("claim").verdict
+    assert flat["a middle batch size generalises best"] == "inconclusive"  # 0.1 pp < one of 256 test images
+    with pytest.raises(ConfigError, match="at least 3 successful batch sizes"):
+        batch_lab.seed_claims(_sweep_frame([0.7] * 4).iloc[:2])
+
+
+def test_prediction_table_checks_the_line_against_measured_steps(tiny_cfg):
+    table = batch_lab.prediction_table(tiny_cfg, fit_sizes=(16, 32), check_sizes=(64, 96))
+    assert list(table.kind) == ["predicted from 16 and 32", "measured"] * 2
+    measured = table[table.kind == "measured"].set_index("batch_size").peak_memory_bytes
+    assert measured[64] == capacity.step_memory(tiny_cfg, 64).total_bytes
+    predicted = table[table.kind != "measured"].set_index("batch_size")
+    assert predicted.error[96] == pytest.approx(predicted.peak_memory_bytes[96] / measured[96] - 1)
+    assert predicted.error.abs().max() < 0.1
+    assert batch_lab.prediction_finding(table).startswith("Predicted from 16 and 32: off by ")
+
+
+def test_compare_lr_scaling_labels_three_sweeps(tiny_cfg):
+    cfg = tiny_cfg.replace(max_steps=None, evaluate=True)
+    df = batch_lab.compare_lr_scaling(cfg, warmup_steps=1, batch_sizes=[8, 16], base_batch_size=16, progress=False)
+    assert list(df.lr_setting) == ["same lr"] * 2 + ["scaled"] * 2 + ["scaled + warm-up"] * 2
+    assert list(df.lr) == [1e-3, 1e-3, 5e-4, 1e-3, 5e-4, 1e-3]
+    assert list(df.lr_warmup_steps) == [0, 0, 0, 0, 1, 1]
+    text = batch_lab.lr_scaling_finding(df).splitlines()
+    assert text[0].startswith("batch 8: same lr ") and text[0].endswith(".")
+    with pytest.raises(ConfigError, match="warmup_steps=0 is not allowed"):
+        batch_lab.compare_lr_scaling(cfg, warmup_steps=0)
+
+
+def test_accumulation_finding():
+    df = pd.DataFrame({"grad_accum": [2, 1], "batch_size": 64, "peak_memory_bytes": [10 * 2**20, 20 * 2**20],
+                       "step_time_s": [0.06, 0.04], "error": None})
+    assert batch_lab.accumulation_finding(df) == (
+        "Against grad_accum=1 (peak 20.0 MiB, step 40.0 ms), same batch of 64:\n"
+        "grad_accum=2 (micro-batch 32): peak 10.0 MiB (0.50x), step 60.0 ms (1.50x)")
+
+
+def test_run_with_lr_scaling_scales_from_the_base(tiny_cfg):
+    res = batch_lab.run_with_lr_scaling(tiny_cfg.replace(evaluate=False), lr_scaling="linear", base_batch_size=16)
+    assert res.config["lr"] == pytest.approx(2e-3)  # batch 32 = 2 x 16
+    res = batch_lab.run_with_lr_scaling(tiny_cfg.replace(evaluate=False), lr_scaling=False)
+    assert res.config["lr"] == 1e-3
+
+
+def test_lr_scaling_finding_names_a_winner_only_beyond_the_noise():
+    df = pd.DataFrame({"batch_size": 64, "lr_setting": list(batch_lab.LR_SETTINGS), "lr": [1e-3, 1e-3, 1e-3],
+                       "accuracy": [0.70, 0.80, 0.79], "profile": "ci", "error": None})
+    noise = batch_lab.accuracy_noise(0.80, 256)
+    assert noise == pytest.approx(2 * math.sqrt(2 * 0.8 * 0.2 / 256))  # about 7 points on 256 test images
+    assert batch_lab.lr_scaling_finding(df).endswith(
+        f"scaled and scaled + warm-up tie within the test-set noise ({noise:.1%}), ahead of same lr.")
+    df.loc[2, "accuracy"] = 0.60
+    assert batch_lab.lr_scaling_finding(df).endswith("best: scaled.")
+    df["accuracy"] = [0.80, 0.79, 0.78]
+    assert batch_lab.lr_scaling_finding(df).endswith(f"no clear winner (all within {noise:.1%}, the test-set noise).")

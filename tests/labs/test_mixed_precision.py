@@ -1,0 +1,182 @@
+"""labkit.labs.mixed_precision: notebook 01's experiments and the findings worded from them."""
+
+
+import pandas as pd
+import pytest
+
+from labkit import results
+from labkit.labs import mixed_precision
+
+
+def test_gradient_underflow_counts_what_fp16_zeroes_and_scaling_keeps(tiny_cfg):
+    df = mixed_precision.gradient_underflow(tiny_cfg, loss_multipliers=1e-3).set_index("run")
+    assert list(df.index) == ["fp32", "fp16, no scaling", "fp16, loss scaled by 65536"]
+    assert df.loc["fp32", "zeroed_gradients"] == 0 and df.loc["fp32", "max_rel_error"] == 0
+    unscaled, scaled = df.loc["fp16, no scaling"], df.loc["fp16, loss scaled by 65536"]
+    assert unscaled.zeroed_gradients > 100  # measured: thousands on small_cnn
+    assert scaled.zeroed_gradients < unscaled.zeroed_gradients / 10
+    assert scaled.max_rel_error < unscaled.max_rel_error
+    assert unscaled.zeroed_fraction == pytest.approx(unscaled.zeroed_gradients / unscaled.num_gradients)
+    assert df.fp32_below_fp16_subnormal.nunique() == 1 and df.fp32_below_fp16_subnormal.iloc[0] > 0
+
+
+def test_smaller_losses_underflow_more(tiny_cfg):
+    df = mixed_precision.gradient_underflow(tiny_cfg, loss_multipliers=(1.0, 1e-4))
+    unscaled = df[df.run == "fp16, no scaling"].set_index("loss_multiplier").zeroed_gradients
+    assert list(df.loss_multiplier) == [1.0] * 3 + [1e-4] * 3
+    assert unscaled[1e-4] > unscaled[1.0]
+
+
+def test_scaler_trace_halves_on_overflow_and_grows_after_clean_steps(tiny_cfg):
+    trace = mixed_precision.scaler_trace(tiny_cfg, steps=14, init_scale=2.0**28, growth_interval=3)
+    assert list(trace.step) == list(range(1, 15))
+    assert trace.skipped.iloc[0], "a 2**28 scale overflows fp16 (max 65504) at once"
+    scales, skipped = trace.scale.tolist(), trace.skipped.tolist()
+    clean_run = 0
+    for i in range(len(scales) - 1):
+        if skipped[i]:
+            assert scales[i + 1] == scales[i] / 2  # backoff
+            clean_run = 0
+        else:
+            clean_run += 1
+            expected = scales[i] * 2 if clean_run == 3 else scales[i]  # growth after 3 clean steps
+            assert scales[i + 1] == expected
+            clean_run %= 3
+    assert not all(skipped) and min(scales) < 2.0**28
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_autocast_policies_are_probed(dtype):
+    df = mixed_precision.autocast_dtypes("cpu", dtype).set_index("op")
+    low = {"fp16": "float16", "bf16": "bfloat16"}[dtype]
+    assert df.loc["linear (matmul)", "autocast policy"] == "low precision"
+    assert df.loc["linear (matmul)", "from float32"] == low
+    assert df.loc["cross_entropy (loss)", "autocast policy"] == "float32"
+    assert df.loc["relu", "autocast policy"] == "follows its input"
+    assert df.loc["relu", "from low precision"] == low
+
+
+def _frame(rows):
+
+    return pd.DataFrame(rows)
+
+
+def _row(setup, step_time_s, peak, accuracy=0.5, **extra):
+    precision_name, tf32 = mixed_precision.SETUPS[setup]["precision"], mixed_precision.SETUPS[setup]["tf32"]
+    return {"precision": precision_name, "precision_used": precision_name, "tf32": tf32, "step_time_s": step_time_s,
+            "peak_memory_bytes": peak, "accuracy": accuracy, "error": None, **extra}
+
+
+def test_table_labels_live_and_reference_rows_alike(tiny_cfg):
+    runs = mixed_precision.compare(tiny_cfg.replace(evaluate=False), setups={k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")},
+                             progress=False)
+    df = mixed_precision.table(runs)
+    assert list(df.setup) == ["fp32", "bf16"]
+    assert list(mixed_precision.table(df.drop(columns="setup")).setup) == ["fp32", "bf16"]
+    assert mixed_precision.setup_label("fp32", True) == "fp32 + TF32"
+    assert mixed_precision.setup_label("fp16", False) == "fp16 + GradScaler"
+
+
+def test_summary_states_ratios_and_savings():
+    MiB = 2**20
+    df = _frame([_row("fp32", 0.040, 40 * MiB, 0.70), _row("bf16", 0.020, 30 * MiB, 0.69),
+                 _row("fp16 + GradScaler", 0.080, 30 * MiB)])
+    text = mixed_precision.summary(df).splitlines()
+    assert text[0] == ("bf16: 2.00x the speed of fp32 (faster) (20.0 vs 40.0 ms per step); peak memory 30.0 vs 40.0 "
+                       "MiB (25% less); accuracy 69.0% vs 70.0%.")
+    assert text[1].startswith("fp16 + GradScaler: 0.50x the speed of fp32 (slower)")
+    assert mixed_precision.summary(_frame([_row("bf16", 0.02, MiB)])) == "No successful fp32 run to compare against."
+
+
+def test_tf32_finding_depends_on_the_device():
+    df = _frame([_row("fp32", 0.040, 1), _row("fp32 + TF32", 0.020, 1)])
+    assert "on this CPU both fp32 runs did the same work" in mixed_precision.tf32_finding(df, {"device": "cpu"})
+    t4 = {"device": "cuda", "capability": "7.5"}
+    assert "predates Ampere and has no TF32" in mixed_precision.tf32_finding(df, t4)
+    a100 = {"device": "cuda", "capability": "8.0"}
+    assert mixed_precision.tf32_finding(df, a100).startswith("TF32 made fp32 2.00x as fast here")
+    assert "Run both" in mixed_precision.tf32_finding(_frame([_row("fp32", 0.04, 1)]), a100)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"device": "cuda", "gpu": "Tesla P100-PCIE-16GB", "capability": "6.0"}, "has no tensor cores"),
+    ({"device": "cuda", "gpu": "Tesla T4", "capability": "7.5"}, "fp16 tensor cores but no native bf16"),
+    ({"device": "cuda", "gpu": "NVIDIA A100", "capability": "8.0"}, "runs bf16 natively"),
+    ({"device": "cpu", "bf16": True, "fp16_native": False}, "has AVX512-BF16/AMX instructions and has no fp16"),
+    ({"device": "cpu", "bf16": None, "fp16_native": None}, "could not be checked for bf16"),
+])
+def test_advice_by_capability(env, expected):
+    assert expected in mixed_precision.advice(env)
+
+
+def test_advice_quotes_the_measured_ratios():
+    df = _frame([_row("fp32", 0.040, 1), _row("bf16", 0.020, 1), _row("fp16 + GradScaler", 0.400, 1)])
+    text = mixed_precision.advice({"device": "cpu", "bf16": True, "fp16_native": False}, df)
+    assert text.endswith("Measured here: bf16 ran at 2.00x and fp16 + GradScaler ran at 0.10x the speed of fp32.")
+
+
+def test_memory_savings_grow_with_the_batch():
+    MiB = 2**20
+
+    def row(p, b, act):
+        return {"precision": p, "batch_size": b, "error": None, "peak_memory_bytes": (5 + act) * MiB,
+                "mem_activations_bytes": act * MiB, "mem_parameters_bytes": MiB, "mem_gradients_bytes": MiB,
+                "mem_optimizer_state_bytes": 2 * MiB}
+
+    df = _frame([row("fp32", 16, 8), row("bf16", 16, 4), row("fp32", 64, 32), row("bf16", 64, 16)])
+    lines = mixed_precision.memory_savings(df, "bf16").splitlines()
+    assert lines[0] == ("batch 16: peak 13.0 -> 9.0 MiB (31% less); activations 4.0 MiB smaller; parameters + "
+                        "gradients + optimizer state unchanged.")
+    assert lines[-1].startswith("The saving grows with the batch: 4.0 MiB at batch 16, 16.0 MiB at batch 64")
+
+
+def test_channels_last_finding():
+    df = _frame([{"precision": "fp32", "channels_last": False, "step_time_s": 0.04, "error": None},
+                 {"precision": "fp32", "channels_last": True, "step_time_s": 0.02, "error": None}])
+    assert mixed_precision.channels_last_finding(df) == (
+        "fp32: channels_last ran at 2.00x the speed of the default layout (faster).")
+    df.loc[1, "step_time_s"] = 0.041
+    assert "(the same, within noise)" in mixed_precision.channels_last_finding(df)
+
+
+def test_tf32_row_is_the_same_work_without_tf32_hardware():
+    df = _frame([_row("fp32", 0.040, 1), _row("fp32 + TF32", 0.028, 1)])
+    cpu = mixed_precision.summary(df, {"device": "cpu"})
+    assert cpu.startswith("fp32 + TF32: the same work as fp32 on this device") and "1.43x speed ratio is" in cpu
+    assert "faster" not in cpu
+    assert mixed_precision.summary(df, {"device": "cuda", "capability": "8.0"}).startswith(
+        "fp32 + TF32: 1.43x the speed of fp32 (faster)")
+    assert mixed_precision.has_tf32({"device": "cuda", "capability": "9.0"})
+    assert not mixed_precision.has_tf32({"device": "cuda", "capability": "7.5"})
+
+
+def test_compare_turns_a_failing_setup_into_an_error_row(tiny_cfg, monkeypatch):
+
+    real = results.cached_fit
+
+    def fake(cfg, **kwargs):
+        if cfg.precision == "bf16":
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(results, "cached_fit", fake)
+    runs = mixed_precision.compare(tiny_cfg.replace(evaluate=False), setups={k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")},
+                             progress=False)
+    df = mixed_precision.table(runs).set_index("setup")
+    assert df.error.isna()["fp32"] and "CUBLAS_STATUS_NOT_SUPPORTED" in df.error["bf16"]
+    assert mixed_precision.summary(df.reset_index()) == ""  # the failed run is skipped: nothing left to compare
+
+
+def test_formats_come_from_finfo():
+    df = mixed_precision.formats().set_index("format")
+    assert df.loc["fp16", "max"] == 65504.0 and df.loc["bf16", "max"] == pytest.approx(3.3895e38, rel=1e-3)
+    assert df.loc["fp16", "smallest subnormal"] == 2.0**-24 == mixed_precision.FP16_SMALLEST_SUBNORMAL
+    assert df.loc["fp16", "smallest normal"] == mixed_precision.FP16_SMALLEST_NORMAL
+    assert list(df["exponent bits"]) == [8, 5, 8] and list(df["mantissa bits"]) == [23, 10, 7]
+
+
+def test_scaler_finding():
+
+    trace = pd.DataFrame({"step": [1, 2, 3], "scale": [2.0**20, 2.0**19, 2.0**19], "skipped": [True, False, False]})
+    assert mixed_precision.scaler_finding(trace) == ("1 of 3 optimizer steps were skipped (inf/NaN gradients); the scale "
+                                               "went from 2**20 to 2**19 by the last step.")
