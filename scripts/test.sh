@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every test: lint, unit tests, widget tests on ipywidgets 7.7.1, and every notebook under nbval.
+# Every test: lint, the import layers, unit tests, widget tests on ipywidgets 7.7.1, and every notebook under nbval.
 # Run through `make test` (which sets up the environment first). Prints how long each part took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,7 @@ part() {
 }
 
 part lint "$BIN/ruff" check .
+part import-layers "$BIN/lint-imports"  # the engine's layers: [tool.importlinter] in pyproject.toml
 part unit-tests "$PY" -m pytest tests -q -p no:cacheprovider
 part widgets-ipywidgets7 bash tests/widgets_ipywidgets7.sh
 part notebooks "$PY" -m pytest --nbval-lax --nbval-current-env -q -p no:cacheprovider notebooks/
