@@ -80,6 +80,17 @@ def test_batch_larger_than_dataset(tiny_cfg):
         labkit.fit(tiny_cfg.replace(batch_size=256))
 
 
+def test_run_splits_follow_the_config_and_the_profile(tiny_cfg):
+    prof = labkit.profile()
+    splits = train.run_splits(tiny_cfg)
+    assert [len(splits[k]) for k in ("train", "val", "test")] == [128, prof.val_size, prof.test_size]
+    assert train.run_splits(tiny_cfg) is splits  # loaded once per session and size
+    too_big = tiny_cfg.replace(batch_size=256)
+    with pytest.raises(ConfigError, match=r"batch_size=256 is not allowed: at most train_size=128"):
+        train.run_splits(too_big)
+    assert len(train.run_splits(too_big, training=False)["test"]) == prof.test_size  # inference needs no batch of it
+
+
 def test_on_step_callback_and_epochs(tiny_cfg):
     seen = []
     res = labkit.fit(tiny_cfg.replace(max_steps=None, epochs=2), on_step=lambda s, n: seen.append((s, n)))

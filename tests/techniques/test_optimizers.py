@@ -119,3 +119,15 @@ def test_scale_lr_rules(tiny_cfg):
         optimizers.scale_lr(big, 32, rule="cubic")
     with pytest.raises(ConfigError, match=r"base_batch_size=0 is not allowed: an integer >= 1"):
         optimizers.scale_lr(big, 0)
+
+
+def test_warmup_lr_rises_linearly_then_leaves_the_lr_alone():
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.5)
+    used = []
+    for step in range(6):
+        optimizers.warmup_lr(optimizer, lr=1e-3, step=step, warmup_steps=4)
+        used.append(optimizer.param_groups[0]["lr"])
+    assert used == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    untouched = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.5)
+    optimizers.warmup_lr(untouched, lr=1e-3, step=0, warmup_steps=0)  # no warm-up: nothing to set
+    assert untouched.param_groups[0]["lr"] == 0.5
