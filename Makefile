@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 # The torch build the lab is tested with. On Colab/Kaggle the notebooks never reinstall torch.
 TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 LAB_ARGS ?=
+# Jupyter refuses to start as root (containers, cloud VMs) unless told that it is meant.
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: install lab test strip clean-cache
 
@@ -17,7 +19,7 @@ $(BIN)/.labkit-installed: pyproject.toml
 install: $(BIN)/.labkit-installed
 
 lab: install
-	$(BIN)/jupyter lab notebooks/00_start_here.ipynb $(LAB_ARGS)
+	$(BIN)/jupyter lab notebooks/00_start_here.ipynb $(ROOT_ARGS) $(LAB_ARGS)
 
 test: install
 	PYTHON=$(BIN)/python bash scripts/test.sh
