@@ -7,7 +7,6 @@ import pytest
 import labkit
 from labkit import capacity
 from labkit.errors import ConfigError
-from labkit.labs import memory_savers
 from labkit.result import MEMORY_CATEGORIES
 
 
@@ -35,10 +34,6 @@ def test_training_memory_for_7b_and_175b():
     assert capacity.training_memory(7e9, "bf16")["total"] == 112e9  # the same 16 bytes, split differently
     assert capacity.training_memory(175e9)["optimizer_state"] == 1.4e12
     assert capacity.training_memory(175e9, optimizer="adamw8bit")["optimizer_state"] == 355_468_752_048
-    df = memory_savers.scale_table()
-    assert list(df["model"]) == ["7B"] * 4 + ["175B"] * 4
-    assert list(df["bytes_per_param"].round(3)[:4]) == [16.0, 16.0, 10.031, 6.031]
-    assert labkit.training_memory is capacity.training_memory
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -11,8 +11,9 @@ SRC = Path(labkit.__file__).parent
 
 
 def test_import_labkit_pulls_in_no_notebook_only_package():
-    """`labkit bench` must run on a bare GPU machine without ipywidgets or Jupyter."""
-    code = ("import sys, labkit; bad = [m for m in ('ipywidgets', 'IPython', 'matplotlib') if m in sys.modules];"
+    """`labkit bench` must run on a bare GPU machine without ipywidgets or Jupyter, and the labs with it."""
+    code = ("import sys, labkit, labkit.cli, labkit.bench; "
+            "bad = [m for m in ('ipywidgets', 'IPython', 'matplotlib', 'bitsandbytes') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

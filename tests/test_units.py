@@ -27,3 +27,11 @@ def test_ratio_is_nan_when_either_side_is_missing(value, reference, expected):
 ])
 def test_change_words_a_ratio(ratio, expected):
     assert units.change(ratio) == expected
+
+
+@pytest.mark.parametrize("value, reference, expected", [
+    (30, 40, "25% less"), (44, 40, "10% more"), (40.1, 40, "no change"),
+    (798720, 819200, "2% less"),  # exactly a 2.5 % saving: worded from the saving, not from a rounded ratio
+])
+def test_change_between_words_the_saving(value, reference, expected):
+    assert units.change_between(value, reference) == expected

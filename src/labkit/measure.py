@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pandas as pd
 import torch
 
 from .result import MEMORY_CATEGORIES
@@ -183,8 +184,6 @@ class TimingPitfalls:
 
     def to_frame(self):
         """The three readings as a DataFrame (``method``, ``time_s``) for `labkit.plots.bar`."""
-        import pandas as pd
-
         return pd.DataFrame({"method": ["first call", "warm, synchronised", "warm, not synchronised"],
                              "time_s": [self.first_call_s, self.warm_median_s, self.unsynced_median_s]})
 

@@ -22,8 +22,7 @@ from .errors import ConfigError
 from .labs.start_here import headline
 from .result import MEMORY_CATEGORIES
 from .results import to_row
-
-MiB = 2**20
+from .units import MIB as MiB
 
 
 class Metric(NamedTuple):
@@ -324,7 +323,7 @@ def loss_scale(trace: pd.DataFrame, ax=None):
         The matplotlib Axes.
 
     Example:
-        >>> plots.loss_scale(precision.scaler_trace(cfg, init_scale=2.0**20, growth_interval=4))
+        >>> plots.loss_scale(labkit.labs.mixed_precision.scaler_trace(cfg, init_scale=2.0**20, growth_interval=4))
     """
     for column in ("step", "scale", "skipped"):
         _check_frame(trace, "trace", {"column": column})
@@ -382,14 +381,14 @@ def batch_search(search, ax=None):
 
 
 def checkpoint_tradeoff(frame: pd.DataFrame):
-    """Gradient checkpointing's trade-off, from ``memory.checkpoint_tradeoff``: two charts side by side.
+    """Gradient checkpointing's trade-off, from ``labkit.labs.memory_savers.checkpoint_tradeoff``: two charts.
 
     Left: activations (measured, and predicted by Chen et al.'s cost model) and peak memory against
     the number of checkpointed segments, the sqrt(n) rule's choice marked. Right: the trade-off curve,
     memory ratio against time ratio (both relative to no checkpointing), one point per segment count.
 
     Example:
-        >>> plots.checkpoint_tradeoff(memory.checkpoint_tradeoff(cfg))
+        >>> plots.checkpoint_tradeoff(labkit.labs.memory_savers.checkpoint_tradeoff(cfg))
     """
     for column in ("segments", "peak_memory_bytes", "mem_activations_bytes", "predicted_activation_bytes",
                    "peak_ratio", "activation_ratio", "time_ratio", "sqrt_rule_segments"):

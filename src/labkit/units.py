@@ -36,10 +36,23 @@ def change(ratio_to_reference: float) -> str:
         >>> change(0.6), change(1.002)
         ('40% less', 'no change')
     """
-    if is_nan(ratio_to_reference):
+    return _saved_in_words(1 - ratio_to_reference)
+
+
+def change_between(value: float, reference: float) -> str:
+    """``value`` against ``reference`` in words, as `change` says it, from the saving
+    ``(reference - value) / reference`` (no ratio rounded first).
+
+    Example:
+        >>> change_between(30 * 2**20, 40 * 2**20)
+        '25% less'
+    """
+    return _saved_in_words((reference - value) / reference)
+
+
+def _saved_in_words(saved_fraction: float) -> str:
+    if is_nan(saved_fraction):
         return "not measured"
-    if abs(1 - ratio_to_reference) < 0.005:
+    if abs(saved_fraction) < 0.005:
         return "no change"
-    if ratio_to_reference < 1:
-        return f"{1 - ratio_to_reference:.0%} less"
-    return f"{ratio_to_reference - 1:.0%} more"
+    return f"{saved_fraction:.0%} less" if saved_fraction > 0 else f"{-saved_fraction:.0%} more"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from labkit import measure, train
+from labkit import capacity, measure, train
 from labkit.errors import ConfigError
 from labkit.labs import memory_savers
 
@@ -84,6 +84,13 @@ def test_calculator_matches_the_measured_breakdown_to_the_byte(small_cnn_bytes, 
     assert list(df.index) == ["weights", "gradients", "optimizer_state"]
     assert (df["difference_bytes"] == 0).all(), df
     assert df.loc["gradients", "measured_bytes"] == 4 * small_cnn_bytes.params
+
+
+def test_scale_table_applies_the_calculator_to_7b_and_175b():
+    df = memory_savers.scale_table()
+    assert list(df["model"]) == ["7B"] * 4 + ["175B"] * 4
+    assert list(df["bytes_per_param"].round(3)[:4]) == [16.0, 16.0, 10.031, 6.031]
+    assert df["total_bytes"].iloc[0] == capacity.training_memory(7e9)["total"]
 
 
 def test_the_175b_optimizer_claim_is_checked_in_tb_and_tib():

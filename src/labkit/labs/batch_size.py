@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..techniques.optimizers import scale_lr
 from ..techniques.precision import autocast, resolve_precision
 from ..train import run_splits
+from ..units import mib
 from ..validate import check_positive_int, is_int
 
 BATCHNORM_MODES = ("train", "eval", "none")
@@ -318,7 +319,7 @@ def seed_claims(df) -> pd.DataFrame:
     line = fit_linear_memory(ok["batch_size"], ok["peak_memory_bytes"])
     rows = [{
         "claim": "memory grows linearly with the batch size",
-        "measured": (f"peak = {line.fixed_bytes / 2**20:.1f} MiB + {line.bytes_per_sample / 1024:.0f} KiB x batch, "
+        "measured": (f"peak = {mib(line.fixed_bytes, '.1f')} + {line.bytes_per_sample / 1024:.0f} KiB x batch, "
                      f"R^2 = {line.r2:.4f}"),
         "verdict": _verdict(line.r2 >= 0.98),
     }]
@@ -428,8 +429,8 @@ def accumulation_finding(df) -> str:
     ok = ok.sort_values("grad_accum")
     base = ok.iloc[0]
     parts = [f"grad_accum={row.grad_accum} (micro-batch {row.batch_size // row.grad_accum}): peak "
-             f"{row.peak_memory_bytes / 2**20:.1f} MiB ({row.peak_memory_bytes / base['peak_memory_bytes']:.2f}x), "
+             f"{mib(row.peak_memory_bytes, '.1f')} ({row.peak_memory_bytes / base['peak_memory_bytes']:.2f}x), "
              f"step {row.step_time_s * 1e3:.1f} ms ({row.step_time_s / base['step_time_s']:.2f}x)"
              for row in ok.iloc[1:].itertuples()]
-    return (f"Against grad_accum={base['grad_accum']} (peak {base['peak_memory_bytes'] / 2**20:.1f} MiB, step "
+    return (f"Against grad_accum={base['grad_accum']} (peak {mib(base['peak_memory_bytes'], '.1f')}, step "
             f"{base['step_time_s'] * 1e3:.1f} ms), same batch of {base['batch_size']}:\n" + "\n".join(parts))

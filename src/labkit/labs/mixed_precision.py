@@ -18,12 +18,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .. import data
+from .. import data, results, train
 from ..env import has_tensor_cores, native_bf16
-from ..results import run_configs, to_frame
 from ..techniques.precision import DTYPES, Precision, autocast
-from ..train import Trainer
-from ..units import MIB, change
+from ..units import MIB, change_between
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24  # ~6e-8: anything smaller in magnitude rounds to 0 in fp16
 FP16_SMALLEST_NORMAL = 2.0**-14  # ~6e-5: below it fp16 loses precision (subnormals)
@@ -89,7 +87,7 @@ def gradient_underflow(cfg, loss_multipliers=(1.0,), scale: float = 2.0**16) -> 
     """
     if isinstance(loss_multipliers, (int, float)):
         loss_multipliers = (loss_multipliers,)
-    trainer = Trainer(cfg.replace(precision="fp32", evaluate=False))
+    trainer = train.Trainer(cfg.replace(precision="fp32", evaluate=False))
     model, device = trainer.model, trainer.device
     x, y = _first_batch(trainer)
     fp16 = Precision("fp16", "fp16")
@@ -128,7 +126,7 @@ def scaler_trace(cfg, steps: int | None = None, init_scale: float = 2.0**16, gro
     Example:
         >>> tr = scaler_trace(cfg, steps=30); tr.skipped.sum()
     """
-    trainer = Trainer(cfg.replace(precision="fp16", evaluate=False))
+    trainer = train.Trainer(cfg.replace(precision="fp16", evaluate=False))
     trainer.scaler = torch.amp.GradScaler(trainer.device.type, init_scale=init_scale,
                                           growth_interval=growth_interval)
     steps = steps or cfg.max_steps or len(trainer.loader)
@@ -223,7 +221,7 @@ def table(runs) -> pd.DataFrame:
     """
     if isinstance(runs, dict):
         runs = list(runs.values())
-    frame = runs.copy() if isinstance(runs, pd.DataFrame) else to_frame(runs)
+    frame = runs.copy() if isinstance(runs, pd.DataFrame) else results.to_frame(runs)
     used = frame["precision"]
     if "precision_used" in frame:  # what a run resolved to ("auto"); a failed run resolved nothing
         ran = frame["precision_used"].notna() & (frame["error"].isna() if "error" in frame else True)
@@ -246,7 +244,7 @@ def compare(cfg, setups: dict | None = None, refresh: bool = False, progress: bo
     setups = setups or SETUPS
     # A setup the device cannot run at all (bf16 GEMMs on some pre-Ampere GPUs) becomes a result with its
     # error, shown in the table, instead of stopping the comparison.
-    runs = run_configs([cfg.replace(**fields) for fields in setups.values()], refresh=refresh, progress=progress)
+    runs = results.run_configs([cfg.replace(**fields) for fields in setups.values()], refresh=refresh, progress=progress)
     return dict(zip(setups, runs, strict=True))
 
 
@@ -298,7 +296,7 @@ def summary(df, env: dict | None = None) -> str:
             acc = f"; accuracy {row['accuracy']:.1%} vs {base['accuracy']:.1%}"
         lines.append(f"{label}: {_ratio_phrase(speed)} ({row['step_time_s'] * 1e3:.1f} vs "
                      f"{base['step_time_s'] * 1e3:.1f} ms per step); peak memory {row['peak_memory_bytes'] / MIB:.1f} "
-                     f"vs {base['peak_memory_bytes'] / MIB:.1f} MiB ({change(row['peak_memory_bytes'] / base['peak_memory_bytes'])})"
+                     f"vs {base['peak_memory_bytes'] / MIB:.1f} MiB ({change_between(row['peak_memory_bytes'], base['peak_memory_bytes'])})"
                      f"{acc}.")
     return "\n".join(lines)
 
@@ -378,7 +376,7 @@ def memory_savings(df, low: str) -> str:
         savings.append((batch_size, saved))
         fixed_text = "unchanged" if abs(fixed) < 1024 else f"{fixed / MIB:.2f} MiB smaller"
         lines.append(f"batch {batch_size}: peak {full['peak_memory_bytes'] / MIB:.1f} -> "
-                     f"{half['peak_memory_bytes'] / MIB:.1f} MiB ({change(half['peak_memory_bytes'] / full['peak_memory_bytes'])}); "
+                     f"{half['peak_memory_bytes'] / MIB:.1f} MiB ({change_between(half['peak_memory_bytes'], full['peak_memory_bytes'])}); "
                      f"activations {act / MIB:.1f} MiB smaller; parameters + gradients + optimizer state {fixed_text}.")
     if len(savings) >= 2:
         (b0, s0), (b1, s1) = savings[0], savings[-1]
