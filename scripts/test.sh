@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every test: lint, the import layers, unit tests, widget tests on ipywidgets 7.7.1, and every notebook under nbval.
+# Every test: lint, the import layers, unit tests, widget tests on ipywidgets 7.7.1, every notebook under nbval,
+# then every notebook in JupyterLab in headless Chromium (tests/browser: the learner's view, panels driven).
 # Run through `make test` (which sets up the environment first). Prints how long each part took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,9 +27,13 @@ part() {
 
 part lint "$BIN/ruff" check .
 part import-layers "$BIN/lint-imports"  # the engine's layers: [tool.importlinter] in pyproject.toml
-part unit-tests "$PY" -m pytest tests -q -p no:cacheprovider
+part unit-tests "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/browser
 part widgets-ipywidgets7 bash tests/widgets_ipywidgets7.sh
 part notebooks "$PY" -m pytest --nbval-lax --nbval-current-env -q -p no:cacheprovider notebooks/
+# After nbval, so that the notebooks' runs come from the result cache it filled (the panels' runs use new
+# settings, so they train for real); two notebooks at a time on CI's 2 cores. Screenshots: build/browser/.
+# Without Chromium this part says how to get it and skips; .ci/run sets LABKIT_REQUIRE_BROWSER=1, where it fails.
+part browser "$PY" -m pytest tests/browser -q -p no:cacheprovider -n 2 -rs
 
 echo
 echo "Part timings:"

@@ -14,6 +14,14 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ["LABKIT_DATA_DIR"] = tempfile.mkdtemp(prefix="labkit-test-data-")
 
 
+@pytest.fixture(autouse=True)
+def fresh_notes():
+    """Each test starts as a new session would: no labkit note shown yet."""
+    from labkit import messages
+
+    messages.forget_notes()
+
+
 @pytest.fixture
 def tiny_cfg():
     """A run that takes well under a second on 2 CPU cores."""

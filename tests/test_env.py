@@ -1,4 +1,5 @@
 import json
+import warnings
 
 import pytest
 import torch
@@ -64,15 +65,72 @@ def test_platform_detection(monkeypatch, variables, expected):
     assert env.detect_platform() == expected
 
 
-def test_tf32_is_set_explicitly_and_recorded():
-    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
-    try:
-        env.set_tf32(True)
-        assert env.tf32_state() == {"matmul": True, "conv": True}
-        env.set_tf32(False)
-        assert env.tf32_state() == {"matmul": False, "conv": False}
-    finally:
-        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+@pytest.fixture
+def restore_tf32():
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_tf32_is_set_explicitly_and_both_apis_read_it(restore_tf32, enabled):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env.set_tf32(enabled)
+        assert env.tf32_state() == {"matmul": enabled, "conv": enabled}
+        # torch.compile and other code read the legacy getters: they must not raise "mix of ... APIs"
+        assert torch.backends.cuda.matmul.allow_tf32 is enabled
+        assert torch.backends.cudnn.allow_tf32 is enabled
+        assert torch.get_float32_matmul_precision() == ("high" if enabled else "highest")
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch 2.9+: the new switches agree
+        assert torch.backends.cuda.matmul.fp32_precision == ("tf32" if enabled else "ieee")
+
+
+def test_tf32_set_after_the_new_api_was_used_reads_consistently(restore_tf32):
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip("torch < 2.9 has no fp32_precision switches")
+    torch.backends.cuda.matmul.fp32_precision = "tf32"  # other code used only the new API
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    assert env.tf32_state() == {"matmul": True, "conv": False}  # read from the new switches
+    env.set_tf32(False)
+    assert torch.get_float32_matmul_precision() == "highest" and env.tf32_state() == {"matmul": False, "conv": False}
+
+
+def fake_gpu(monkeypatch, capability, archs, name="Tesla P100-PCIE-16GB"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: archs)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: name)
+
+
+MODERN_BUILD = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
+
+
+@pytest.mark.parametrize("capability, archs, usable", [
+    ((6, 0), MODERN_BUILD, False),                       # Kaggle's P100 with a torch built from Volta on
+    ((6, 0), ["sm_50", "sm_60", "sm_70"], True),
+    ((7, 5), MODERN_BUILD, True),                        # a T4
+    ((8, 9), ["sm_80", "sm_86"], True),                  # sm_86 kernels run on an 8.9 card (same major)
+    ((8, 6), ["sm_70", "sm_90", "compute_90"], False),   # neither a binary nor PTX it can take
+    ((8, 6), ["sm_70", "compute_80"], True),             # PTX for 8.0 is compiled for 8.6 at first use
+    ((7, 5), [], True),                                  # a build that lists nothing: trusted
+])
+def test_gpu_architectures_are_checked_against_the_build(monkeypatch, capability, archs, usable):
+    fake_gpu(monkeypatch, capability, archs)
+    assert (env.cuda_arch_problem() is None) is usable
+    assert env.cuda_usable() is usable
+
+
+def test_a_gpu_this_torch_cannot_run_on_falls_back_to_the_cpu_saying_why(monkeypatch, capsys):
+    fake_gpu(monkeypatch, (6, 0), MODERN_BUILD)
+    monkeypatch.delenv("LABKIT_PROFILE", raising=False)
+    assert env.resolve_device("auto") == torch.device("cpu")
+    printed = " ".join(capsys.readouterr().out.split())
+    assert printed.startswith("labkit note: running on the CPU: the GPU Tesla P100-PCIE-16GB (sm_60) has no kernels")
+    assert "supports sm_70, sm_75" in printed and "'GPU T4 x2'" in printed
+    assert env.profile().name == "quick"  # the CPU's profile, not the GPU's
+    with pytest.raises(ConfigError, match=r"device='cuda' is not allowed: 'auto' or 'cpu': the GPU Tesla P100.*sm_60"):
+        env.resolve_device("cuda")
 
 
 @pytest.mark.parametrize("check, flags, expected", [

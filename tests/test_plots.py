@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from chart_checks import assert_readable  # noqa: E402
 
 from labkit import plots  # noqa: E402
 from labkit.errors import ConfigError  # noqa: E402
@@ -204,25 +205,6 @@ def test_plots_never_show(monkeypatch, df):
     plots.memory_breakdown(result("fp32", memory={"parameters": MiB}))
 
 
-def test_run_overview_prints_the_headline_and_draws_two_charts(capsys):
-    import matplotlib.pyplot as plt
-
-    from labkit.result import RunResult
-
-    plt.close("all")
-    res = RunResult(config={"model": "small_cnn", "dataset": "shapes10"}, steps=12, timed_steps=9,
-                    step_time_s=0.04, step_time_p10_s=0.03, step_time_p90_s=0.05, throughput=1600.0,
-                    peak_memory_bytes=2**20, accuracy=0.5, model_size_bytes=2**20, num_params=10,
-                    num_trainable_params=10, losses=[2.0 - 0.1 * i for i in range(12)],
-                    memory={"parameters": 2**20, "activations": 2 * 2**20})
-    plots.run_overview(res)
-    assert "median 40.00 ms" in capsys.readouterr().out
-    (fig,) = [plt.figure(n) for n in plt.get_fignums()]
-    assert [ax.get_title().splitlines()[0] for ax in fig.axes[:2]] == ["training loss", "memory by category: each one's own peak (black mark: the total peak)"]
-    plots.run_overview(RunResult(config={}, error="OutOfMemoryError: CUDA out of memory"))
-    assert "run failed: OutOfMemoryError" in capsys.readouterr().out
-
-
 def test_timing_pitfalls_frame_plots_in_milliseconds():
     from labkit.measure import TimingPitfalls
 
@@ -246,23 +228,6 @@ def test_memory_breakdown_from_a_results_frame():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["precision=fp32", "precision=bf16"]
     with pytest.raises(ConfigError, match="label='stage' is not allowed: a column of the frame"):
         plots.memory_breakdown(frame, label="stage")
-
-
-def test_history_keeps_runs_and_draws_one_bar_per_run(capsys):
-    history = plots.History(("step_time_s", "peak_memory_bytes"), max_runs=2)
-    for name, time_s in (("fp32", 0.04), ("bf16", 0.02), ("fp16", 0.03)):
-        history(RunResult(config={"model": "small_cnn", "precision": name}, steps=12, timed_steps=9,
-                          step_time_s=time_s, step_time_p10_s=time_s, step_time_p90_s=time_s,
-                          throughput=64 / time_s, peak_memory_bytes=2 * MiB, accuracy=0.5, model_size_bytes=MiB,
-                          num_params=10, num_trainable_params=10, memory={"parameters": MiB}))
-    fig = plt.figure(plt.get_fignums()[-1])
-    time_ax, memory_ax = fig.axes[:2]
-    assert [t.get_text() for t in time_ax.get_xticklabels()] == ["precision=bf16", "precision=fp16"]  # last two
-    assert [p.get_height() for p in time_ax.patches] == pytest.approx([20.0, 30.0])
-    assert memory_ax.get_ylabel() == "peak memory (MiB)"
-    assert "Step time: median 30.00 ms" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match="metrics=\\['speed'\\] is not allowed"):
-        plots.History(("speed",))
 
 
 def test_loss_scale_marks_skipped_steps():
@@ -321,13 +286,38 @@ def test_checkpoint_tradeoff_plot_draws_memory_and_the_trade():
         plots.checkpoint_tradeoff(frame.drop(columns="time_ratio"))
 
 
-def test_history_can_draw_the_stacked_memory_chart():
-    history = plots.History(("memory_breakdown", "step_time_s"))
-    for name in ("fp32", "bf16"):
-        history(RunResult(config={"model": "small_cnn", "precision": name}, steps=12, timed_steps=9,
-                          step_time_s=0.04, step_time_p10_s=0.04, step_time_p90_s=0.04, throughput=1600.0,
-                          peak_memory_bytes=3 * MiB, accuracy=0.5, model_size_bytes=MiB, num_params=10,
-                          num_trainable_params=10, memory={"parameters": MiB, "activations": 2 * MiB}))
-    stacked = plt.figure(plt.get_fignums()[-1]).axes[0]
-    assert [t.get_text() for t in stacked.get_xticklabels()] == ["precision=fp32", "precision=bf16"]
-    assert stacked.get_ylabel() == "memory (MiB)"
+# Readable at the output area's size: every chart kind with long labels and many bars
+
+
+LONG = ["baseline", "+AMP", "+checkpointing", "+8-bit optimizer", "all savers together"]
+
+
+def test_bars_with_long_labels_stay_readable():
+    frame = pd.DataFrame({"stage": LONG, "step_time_s": [0.1, 0.05, 0.12, 0.1, 0.07], "source": "live"})
+    ax = plots.bar(frame, x="stage", y="step_time_s")
+    assert [t.get_text().replace("\n", " ") for t in ax.get_xticklabels()] == LONG
+    assert_readable(ax.get_figure())
+
+
+def test_many_metrics_wrap_into_rows_no_wider_than_the_output_area(df, reference):
+    axes = plots.lines(df, x="batch_size", ys=["step_time_s", "peak_memory_bytes", "accuracy"], reference=reference)
+    fig = axes[0].get_figure()
+    assert fig.get_figwidth() <= plots.FIGURE_WIDTH_IN and len(axes) == 3
+    assert_readable(fig)
+    axes = plots.bars(df, x="precision", ys=["step_time_s", "peak_memory_bytes", "accuracy"], hue="batch_size")
+    assert_readable(axes[0].get_figure())
+
+
+def test_memory_breakdown_with_long_labels_stays_readable():
+    memory = {c: (i + 1) * MiB for i, c in enumerate(MEMORY_CATEGORIES)}
+    runs = {label: result("fp32", memory=memory, peak=12 * MiB) for label in LONG}
+    assert_readable(plots.memory_breakdown(runs).get_figure())
+
+
+def test_the_checker_catches_tiny_text_and_collisions():
+    fig, ax = plt.subplots(figsize=(18, 4))
+    ax.set_xticks(range(8))
+    ax.set_xticklabels([f"checkpointing=True, optimizer=adamw8bit {i}" for i in range(8)])
+    with pytest.raises(AssertionError, match="px tall when shown") as caught:
+        assert_readable(fig)
+    assert "overlap" in str(caught.value)

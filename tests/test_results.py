@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 import labkit
-from labkit import results
+from labkit import messages, results
 from labkit.errors import ConfigError, DatasetUnavailableError, NonFiniteLossError
 from labkit.result import RunResult
 
@@ -79,7 +79,7 @@ def test_any_run_error_becomes_a_row_but_missing_data_stops(monkeypatch, tmp_pat
         labkit.sweep(tiny_cfg, dataset=["cifar10", "shapes10"])
 
 
-def test_cached_warnings_are_shown_again(fake_fit, tiny_cfg, monkeypatch):
+def test_cached_warnings_are_shown_once_as_a_note(fake_fit, tiny_cfg, monkeypatch, capsys):
     real_fit = labkit.train.fit
 
     def warned_fit(cfg, progress=True, on_step=None):
@@ -89,8 +89,12 @@ def test_cached_warnings_are_shown_again(fake_fit, tiny_cfg, monkeypatch):
 
     monkeypatch.setattr("labkit.results.fit", warned_fit)
     results.cached_fit(tiny_cfg)
-    with pytest.warns(UserWarning, match=r"\(cached run\) NO PRETRAINED WEIGHTS"):
-        results.cached_fit(tiny_cfg)
+    capsys.readouterr()
+    messages.forget_notes()  # as in a new session: the cached run tells what the live one warned about
+    results.cached_fit(tiny_cfg)
+    assert capsys.readouterr().out == "labkit note: NO PRETRAINED WEIGHTS for small_cnn\n"
+    results.cached_fit(tiny_cfg)  # once per session, not once per cached run
+    assert capsys.readouterr().out == ""
 
 
 def test_sweep_bad_axes(tiny_cfg):

@@ -1,6 +1,7 @@
 """ExperimentPanel without a kernel or training. Also run under ipywidgets 7.7.1 by tests/widgets_ipywidgets7.sh."""
 
 import html
+import types
 
 import ipywidgets
 import pytest
@@ -124,6 +125,24 @@ def test_progress_callback_passed_as_on_step():
     panel.click()
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
     assert panel.last_result == "done"
+
+
+def test_a_run_prints_into_the_panel_and_its_progress_bar_is_the_panels(capsys, monkeypatch):
+    # A widget callback's stray output lands in JupyterLab's log console: the run's prints (notes, a
+    # tqdm bar) must go to the panel's output area, and tqdm is switched off where the run allows it.
+    calls, inside = [], [False]
+
+    def run(cfg, progress=True, on_step=None):
+        calls.append((progress, inside[0]))
+        print("labkit note: fp16 on this CPU is emulated")
+        return types.SimpleNamespace(warnings=["fp16 on this CPU is emulated"])
+
+    panel = ExperimentPanel(run, {"batch_size": [32, 64]}, show=lambda r: None)
+    monkeypatch.setattr(type(panel.output), "__enter__", lambda self: inside.__setitem__(0, True))
+    monkeypatch.setattr(type(panel.output), "__exit__", lambda self, *exc: inside.__setitem__(0, False))
+    panel.click()
+    assert calls == [(False, True)]  # no tqdm bar, and the run itself happened inside the output area
+    assert "Note: fp16 on this CPU is emulated" in panel.status.value  # said under every run that had it
 
 
 def test_default_show_displays_the_result(capsys):

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .errors import ConfigError
+from .messages import note
 from .project import __version__
 
 PROFILE_ENV = "LABKIT_PROFILE"
@@ -67,7 +68,7 @@ def profile(name: str | None = None) -> Profile:
         name = os.environ.get(PROFILE_ENV) or None
         field = PROFILE_ENV
     if name is None:
-        return PROFILES["full" if torch.cuda.is_available() else "quick"]
+        return PROFILES["full" if cuda_usable() else "quick"]
     if name not in PROFILES:
         raise ConfigError(field, name, f"one of {sorted(PROFILES)}")
     return PROFILES[name]
@@ -87,13 +88,62 @@ def is_online() -> bool:
     return os.environ.get(OFFLINE_ENV, "").strip().lower() not in ("1", "true", "yes")
 
 
+def cuda_arch_problem(index: int = 0) -> str | None:
+    """Why this torch cannot run kernels on GPU ``index`` although ``torch.cuda.is_available()`` is True,
+    or None when it can.
+
+    A torch build carries kernels for a list of architectures (``torch.cuda.get_arch_list()``, e.g.
+    ``sm_75``). A GPU runs a kernel built for its own major version and an equal or lower minor one
+    (sm_80 runs on an 8.6 card), or PTX (``compute_XY``) of an equal or lower version, compiled when first
+    used. Kaggle's P100 (sm_60) with a torch built from sm_70 on is available, and fails at its first kernel.
+
+    Example:
+        >>> cuda_arch_problem()   # None on a supported GPU
+    """
+    major, minor = torch.cuda.get_device_capability(index)
+    archs = list(torch.cuda.get_arch_list())
+    if not archs:  # a build that does not say (e.g. ROCm): trust it
+        return None
+    for arch in archs:
+        kind, _, version = arch.partition("_")
+        if not version.isdigit() or len(version) < 2:
+            continue
+        arch_major, arch_minor = int(version[:-1]), int(version[-1])
+        if kind == "sm" and arch_major == major and arch_minor <= minor:
+            return None
+        if kind == "compute" and (arch_major, arch_minor) <= (major, minor):
+            return None
+    name = torch.cuda.get_device_name(index)
+    return (f"the GPU {name} (sm_{major}{minor}) has no kernels in this torch {torch.__version__} build, which "
+            f"supports {', '.join(archs)}; on Kaggle choose the 'GPU T4 x2' accelerator, elsewhere install a "
+            f"torch build that lists sm_{major}{minor}")
+
+
+def cuda_usable() -> bool:
+    """A CUDA GPU is visible and this torch has kernels for it (`cuda_arch_problem`)."""
+    return torch.cuda.is_available() and cuda_arch_problem() is None
+
+
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` -> CUDA when there is a GPU, else CPU. ``cuda`` without a GPU is an error."""
+    """``auto`` -> CUDA when there is a GPU this torch can run on, else CPU (saying why, once, when a GPU
+    was there). ``cuda`` without a usable GPU is an error."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        problem = cuda_arch_problem()
+        if problem is not None:
+            note(f"running on the CPU: {problem}.")
+            return torch.device("cpu")
+        return torch.device("cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("device", device, "'auto' or 'cpu' (no CUDA GPU is visible to torch here)")
-    if device == "cpu" or device.startswith("cuda"):
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        problem = cuda_arch_problem(index)
+        if problem is not None:
+            raise ConfigError("device", device, f"'auto' or 'cpu': {problem}")
+        return torch.device(device)
+    if device == "cpu":
         return torch.device(device)
     raise ConfigError("device", device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
 
@@ -128,24 +178,32 @@ def cpu_fp16_native(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
 
 
 def tf32_state() -> dict:
-    """Whether float32 matmuls and convolutions may use TF32 (only matters on Ampere and later)."""
-    matmul = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
-    if matmul is not None:
+    """Whether float32 matmuls and convolutions may use TF32 (only matters on Ampere and later).
+
+    Read through the ``allow_tf32`` getters, which `set_tf32` keeps valid. When other code has set only
+    torch 2.9+'s ``fp32_precision`` switches, those getters raise, and the new switches are read instead.
+    """
+    try:
+        return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "conv": bool(torch.backends.cudnn.allow_tf32)}
+    except RuntimeError:  # "mix of the legacy and new APIs"
+        matmul = torch.backends.cuda.matmul.fp32_precision
         conv = torch.backends.cudnn.conv.fp32_precision
-        # "none" means "not set": matmul then defaults to IEEE and cuDNN convs to TF32.
+        parent = torch.backends.cudnn.fp32_precision
+        # "none" inherits: a cuDNN conv then follows cudnn's own setting, whose default is TF32.
+        conv = parent if conv == "none" else conv
         return {"matmul": matmul == "tf32", "conv": conv in ("tf32", "none")}
-    return {"matmul": bool(torch.backends.cuda.matmul.allow_tf32), "conv": bool(torch.backends.cudnn.allow_tf32)}
 
 
 def set_tf32(enabled: bool) -> None:
-    """Set TF32 for matmuls and convolutions explicitly, with the API this torch provides."""
-    if getattr(torch.backends.cuda.matmul, "fp32_precision", None) is not None:
-        value = "tf32" if enabled else "ieee"
-        torch.backends.cuda.matmul.fp32_precision = value
-        torch.backends.cudnn.conv.fp32_precision = value
-    else:  # torch < 2.9
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+    """Set TF32 for matmuls and convolutions explicitly, so that torch's old and new switches agree.
+
+    Through the ``allow_tf32`` switches, which every torch since 2.5 has: torch 2.9+ keeps its newer
+    ``fp32_precision`` settings in step with them. Setting only the new ones instead leaves the old getters
+    (``torch.backends.cudnn.allow_tf32``, ``torch.get_float32_matmul_precision()``, which ``torch.compile``
+    reads) raising "mix of the legacy and new APIs".
+    """
+    torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
+    torch.backends.cudnn.allow_tf32 = bool(enabled)
 
 
 def _version(module_name: str) -> str | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
+from .messages import Text, worded
 
 
 class WrongAnswer(AssertionError):
@@ -50,7 +51,7 @@ class Exercise:
 _REGISTRY: dict[str, Exercise] = {}
 
 
-class Feedback(str):
+class Feedback(Text):
     """The message `check` returns. It is printed already, so Jupyter does not echo it a second time."""
 
     def _ipython_display_(self, **kwargs):
@@ -77,6 +78,7 @@ def get(name: str) -> Exercise:
     return _REGISTRY[name]
 
 
+@worded
 def question(name: str) -> str:
     """The question text of exercise ``name``, for a notebook to print.
 
@@ -123,8 +125,9 @@ def check(name: str, answer) -> str:
 
 
 def _say(message: str) -> Feedback:
-    print(message)
-    return Feedback(message)
+    feedback = Feedback(message)
+    print(feedback)
+    return feedback
 
 
 def _as_number(answer) -> float | None:

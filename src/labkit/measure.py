@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import io
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -455,3 +456,14 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return total, trainable
+
+
+def accuracy_noise(accuracy: float, test_size: int) -> float:
+    """The smallest accuracy difference between two runs that is not test-set noise (about 95 % confidence).
+
+    Two accuracies measured on ``test_size`` images each differ by chance with a standard error of about
+    sqrt(2 p (1 - p) / test_size); twice that is the threshold. It ignores seed-to-seed variation of the
+    training itself, so it is a lower bound.
+    """
+    p = min(max(float(accuracy), 1 / test_size), 1 - 1 / test_size)
+    return 2 * math.sqrt(2 * p * (1 - p) / test_size)

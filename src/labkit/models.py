@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from torch import nn
 from .data import download_timeout
 from .env import OFFLINE_ENV, is_online  # noqa: F401 - is_online is part of this module's API
 from .errors import ChecksumError, ConfigError, LabkitError
+from .messages import note
 
 CHECKPOINT_DIR_ENV = "LABKIT_CHECKPOINT_DIR"
 MANIFEST_NAME = "manifest.json"
@@ -187,9 +187,9 @@ def build(name: str, num_classes: int, pretrained: bool = True) -> tuple[nn.Modu
         _load_backbone(model, load_checkpoint(name), str(checkpoint_dir() / entry["file"]))
         warning = None
         if imagenet is not None and is_online():
-            warning = (f"labkit: {reasons[-1]}; {name} starts from labkit's offline checkpoint "
+            warning = (f"NO IMAGENET WEIGHTS for {name}: {reasons[-1]}; it starts from labkit's offline checkpoint "
                        f"{entry['file']} (pretrained on the shapes_source task, not ImageNet).")
-            warnings.warn(warning, stacklevel=2)
+            note(warning)
         return model, WeightsInfo(f"labkit:{entry['file']}", warning)
 
     reasons.append(f"labkit has no offline checkpoint for it in {checkpoint_dir()}")
@@ -201,10 +201,10 @@ def build(name: str, num_classes: int, pretrained: bool = True) -> tuple[nn.Modu
     else:
         fixes.append(f"offline, use a model labkit ships weights for ({', '.join(SHIPPED_CHECKPOINTS)})")
     fixes = ", or ".join(fixes)
-    warning = (f"labkit: NO PRETRAINED WEIGHTS for {name}: {'; and '.join(reasons)}. Fine-tuning will start "
+    warning = (f"NO PRETRAINED WEIGHTS for {name}: {'; and '.join(reasons)}. Fine-tuning will start "
                f"from RANDOM weights, so expect lower accuracy and slower progress than from a pretrained "
                f"start. To fix: {fixes}; or pass pretrained=False to train from scratch on purpose.")
-    warnings.warn(warning, stacklevel=2)
+    note(warning)
     return model, WeightsInfo("random", warning)
 
 

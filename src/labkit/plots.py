@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import textwrap
 from typing import NamedTuple
 
 import matplotlib.pyplot as plt
@@ -19,10 +20,15 @@ from matplotlib.lines import Line2D
 
 from .config import field_names
 from .errors import ConfigError
-from .labs.start_here import headline
 from .result import MEMORY_CATEGORIES
-from .results import to_row
 from .units import MIB as MiB
+
+# The widest figure an output area shows at its own size (about 1000 px at matplotlib's 100 dpi, in
+# JupyterLab and in Colab): a wider one is scaled down, and its text with it.
+FIGURE_WIDTH_IN = 10.0
+PANEL_HEIGHT_IN = 4.2
+# Tick labels longer than fit under their bar are wrapped onto at most this many lines, then rotated.
+MAX_TICK_LINES = 3
 
 
 class Metric(NamedTuple):
@@ -79,7 +85,7 @@ def axis_label(column: str) -> str:
 
 
 def bar(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.DataFrame | None = None,
-        ax=None, title: str | None = None):
+        ax=None, title: str | None = None, logy: bool = False):
     """Grouped bars of metric ``y`` for each value of ``x``, one bar per ``hue`` value in each group.
 
     Rows with an ``error`` (failed runs) or no value of ``y`` are skipped and counted in the title.
@@ -93,6 +99,7 @@ def bar(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.
         reference: results in the same shape measured elsewhere (e.g. ``labkit.load_reference(...)``),
             drawn hatched next to the live bars, in the same colour for the same hue value.
         ax: the Axes to draw on (default: a new figure). title: overrides the default title.
+        logy: a logarithmic y axis (for values that span orders of magnitude).
 
     Returns:
         The matplotlib Axes.
@@ -106,14 +113,17 @@ def bar(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.
     m = metric(y)
     slots = {value: i for i, value in enumerate(x_values)}
     colors = _colors([s["hue"] for s in series])
-    width = 0.8 / max(len(series), 1)
+    # Each group shares its slot among the series that have a bar there, so a group is never half empty.
+    present = {value: [i for i, s in enumerate(series) if value in s["x"]] for value in x_values}
     for i, s in enumerate(series):
-        positions = [slots[v] - 0.4 + width * (i + 0.5) for v in s["x"]]
+        widths = [0.8 / len(present[v]) for v in s["x"]]
+        positions = [slots[v] - 0.4 + w * (present[v].index(i) + 0.5) for v, w in zip(s["x"], widths, strict=True)]
         heights = [v * m.scale for v in s["y"]]
         style = dict(hatch="//", alpha=0.55, edgecolor="black") if s["reference"] else dict(edgecolor="black")
-        ax.bar(positions, heights, width=width, color=colors[s["hue"]], label=s["label"], linewidth=0.5, **style)
-    ax.set_xticks(range(len(x_values)))
-    ax.set_xticklabels([_fmt_value(v) for v in x_values])
+        ax.bar(positions, heights, width=widths, color=colors[s["hue"]], label=s["label"], linewidth=0.5, **style)
+    if logy:
+        ax.set_yscale("log")
+    category_ticks(ax, [_fmt_value(v) for v in x_values])
     ax.set_xlabel(axis_label(x))
     ax.set_ylabel(axis_label(y))
     ax.grid(axis="y", alpha=0.3)
@@ -131,18 +141,16 @@ def bars(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.Dat
     ys = [ys] if isinstance(ys, str) else list(ys)
     if not ys:
         raise ConfigError("ys", ys, "a non-empty list of metric columns, e.g. ['step_time_s', 'peak_memory_bytes']")
-    _, axes = plt.subplots(1, len(ys), figsize=(5.5 * len(ys), 4.2), squeeze=False)
-    for ax, column in zip(axes[0], ys, strict=True):
+    fig, flat = grid(len(ys))
+    for ax, column in zip(flat, ys, strict=True):
         bar(df, x=x, y=column, hue=hue, reference=reference, ax=ax)
-        if len(ax.get_xticklabels()) > 3:
-            plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    plt.tight_layout()
-    return list(axes[0])
+    fig.tight_layout()
+    return flat
 
 
 def lines(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.DataFrame | None = None,
           logx: bool = False):
-    """One `line` chart per metric in ``ys``, side by side (three to a row).
+    """One `line` chart per metric in ``ys``, two to a row (so that the text stays readable).
 
     Example:
         >>> axes = plots.lines(df, x="batch_size", ys=["epoch_time_s", "peak_memory_bytes"], logx=True)
@@ -150,16 +158,11 @@ def lines(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.Da
     ys = [ys] if isinstance(ys, str) else list(ys)
     if not ys:
         raise ConfigError("ys", ys, "a non-empty list of metric columns, e.g. ['throughput', 'peak_memory_bytes']")
-    columns = min(3, len(ys))
-    rows = math.ceil(len(ys) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4.0 * rows), squeeze=False)
-    flat = list(axes.flat)
-    for ax, column in zip(flat, ys, strict=False):
+    fig, flat = grid(len(ys))
+    for ax, column in zip(flat, ys, strict=True):
         line(df, x=x, y=column, hue=hue, reference=reference, ax=ax, logx=logx)
-    for ax in flat[len(ys):]:
-        fig.delaxes(ax)
-    plt.tight_layout()
-    return flat[:len(ys)]
+    fig.tight_layout()
+    return flat
 
 
 def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.DataFrame | None = None,
@@ -223,7 +226,7 @@ def loss_curve(results, ax=None):
     Example:
         >>> ax = plots.loss_curve({"fp32": res_fp32, "bf16": res_bf16})
     """
-    labelled = _labelled(results)
+    labelled = label_runs(results)
     ax = _axes(ax)
     colors = _colors(list(labelled))
     skipped = []
@@ -270,7 +273,7 @@ def memory_breakdown(results, ax=None, label: str | None = None):
         >>> ax = plots.memory_breakdown({"fp32": res_fp32, "bf16": res_bf16})
         >>> ax = plots.memory_breakdown(df, label="setup")
     """
-    labelled = _labelled(_frame_rows(results, label) if isinstance(results, pd.DataFrame) else results)
+    labelled = label_runs(_frame_rows(results, label) if isinstance(results, pd.DataFrame) else results)
     ax = _axes(ax)
     kept, skipped = {}, []
     for label, res in labelled.items():
@@ -301,8 +304,10 @@ def memory_breakdown(results, ax=None, label: str | None = None):
         for px, py in marked:
             ax.annotate(f"peak {py:.3g} MiB", (px, py), textcoords="offset points", xytext=(0, 4),
                         ha="center", fontsize="small")
-    ax.set_xticks(positions)
-    ax.set_xticklabels(list(kept))
+    category_ticks(ax, list(kept))
+    top = max([*bottoms, *(y for _, y in marked)], default=0.0)
+    if top > 0:  # headroom (set by hand: the zero-height segments on top pin autoscaling at the stack)
+        ax.set_ylim(0, top * 1.15)
     ax.set_ylabel("memory (MiB)")
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
@@ -363,7 +368,7 @@ def batch_search(search, ax=None):
         ys = [p / MiB if p == p and p is not None else top for p in part["peak_bytes"]]
         ax.plot(part["batch_size"], ys, linestyle="none", marker="o" if fits else "X", color=color, label=label)
         for size, y, step in zip(part["batch_size"], ys, part["step"], strict=True):
-            ax.annotate(str(step), (size, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+            ax.annotate(str(step), (size, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
     if search.budget_bytes:
         ax.axhline(search.budget_bytes / MiB, color="black", linestyle="--", label="budget")
     if search.state_bytes.get("total"):
@@ -394,7 +399,7 @@ def checkpoint_tradeoff(frame: pd.DataFrame):
                    "peak_ratio", "activation_ratio", "time_ratio", "sqrt_rule_segments"):
         _check_frame(frame, "frame", {"column": column})
     ok = frame[~_failed(frame)].sort_values("segments")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.4))
+    fig, (left, right) = grid(2)
     left.plot(ok["segments"], ok["mem_activations_bytes"] / MiB, marker="o", label="activations (measured)")
     left.plot(ok["segments"], ok["predicted_activation_bytes"] / MiB, marker="x", linestyle="--",
               label="activations (Chen et al. cost model)")
@@ -410,82 +415,74 @@ def checkpoint_tradeoff(frame: pd.DataFrame):
         right.plot(ok["time_ratio"], ok[name], marker=marker, linestyle="none",
                    label=name.replace("_ratio", "").replace("activation", "activations") + " (ratio)")
         for seg, x, y in zip(ok["segments"], ok["time_ratio"], ok[name], strict=True):
-            right.annotate(str(int(seg)), (x, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+            right.annotate(str(int(seg)), (x, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
     right.axhline(1.0, color="grey", linewidth=0.8)
     right.axvline(1.0, color="grey", linewidth=0.8)
     right.set_xlabel("step time relative to no checkpointing")
     right.set_ylabel("memory relative to no checkpointing")
     right.grid(alpha=0.3)
     _finish(right, [None] * len(ok), "trade-off (numbers: segments)", [])
-    plt.tight_layout()
+    fig.tight_layout()
     return left, right
-
-
-class History:
-    """A panel's ``show`` that keeps every run of the session and redraws ``metrics`` as bars for all of them.
-
-    Each press of Run adds a bar, labelled by the config fields that differ between the runs, so the
-    learner compares settings side by side instead of reading one run at a time. The pseudo-metric
-    ``"memory_breakdown"`` draws the stacked memory chart of every run.
-
-    Args:
-        metrics: result columns to chart, one panel each (e.g. ``("step_time_s", "peak_memory_bytes")``).
-        max_runs: the most recent runs kept.
-
-    Example:
-        >>> ExperimentPanel(labkit.results.cached_fit, {"precision": ["fp32", "bf16"]},
-        ...                 show=plots.History(("step_time_s", "peak_memory_bytes")))
-    """
-
-    def __init__(self, metrics=("step_time_s", "peak_memory_bytes"), max_runs: int = 8):
-        unknown = [m for m in metrics if m not in METRICS and m != BREAKDOWN]
-        if not metrics or unknown:
-            raise ConfigError("metrics", list(metrics), f"a non-empty list of result columns from {sorted(METRICS)} "
-                                                        f"or {BREAKDOWN!r} (the stacked memory chart)")
-        if not isinstance(max_runs, int) or max_runs < 1:
-            raise ConfigError("max_runs", max_runs, "a positive integer")
-        self.metrics, self.max_runs, self.runs = tuple(metrics), max_runs, []
-
-    def __call__(self, result) -> None:
-        self.runs = [*self.runs, result][-self.max_runs:]
-        if getattr(result, "error", None):
-            print(f"run failed: {result.error}")
-        else:
-            print(headline(result))
-        frame = pd.DataFrame([to_row(r) for r in self.runs])
-        frame["run"] = list(_labelled(list(self.runs)))
-        _, axes = plt.subplots(1, len(self.metrics), figsize=(6 * len(self.metrics), 4.2), squeeze=False)
-        for ax, column in zip(axes[0], self.metrics, strict=True):
-            if column == BREAKDOWN:
-                memory_breakdown(frame, ax=ax, label="run")
-            else:
-                bar(frame, x="run", y=column, ax=ax)
-            plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-        plt.tight_layout()
-
-
-def run_overview(result) -> None:
-    """One run at a glance, for a panel's ``show``: its headline numbers, loss curve and memory breakdown.
-
-    Example:
-        >>> ExperimentPanel(labkit.fit, {"batch_size": (16, 256, 16)}, show=plots.run_overview)
-    """
-    if getattr(result, "error", None):
-        print(f"run failed: {result.error}")
-        return
-    print(headline(result))
-    _, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
-    loss_curve(result, ax=left)
-    memory_breakdown(result, ax=right)
-    plt.tight_layout()
 
 
 # ---------------------------------------------------------------------------------------------------------
 
 
+def grid(count: int, per_row: int = 2):
+    """A figure of ``count`` charts, ``per_row`` to a row, no wider than `FIGURE_WIDTH_IN`.
+
+    Returns:
+        ``(figure, list of Axes)``; unused cells of the last row are removed.
+    """
+    columns = max(1, min(per_row, count))
+    rows = math.ceil(count / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(min(5.5 * columns, FIGURE_WIDTH_IN), PANEL_HEIGHT_IN * rows),
+                             squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[count:]:
+        fig.delaxes(ax)
+    return fig, flat[:count]
+
+
+def category_ticks(ax, labels: list[str]) -> None:
+    """Put ``labels`` under ticks 0..n-1 so that none runs into its neighbour or off the figure: a label
+    wider than its slot (measured as drawn) is wrapped at spaces onto up to `MAX_TICK_LINES` lines, and
+    when even that does not fit, the labels stand vertically."""
+    labels = [str(label) for label in labels]
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels)
+    if not labels:
+        return
+    renderer = ax.get_figure().canvas.get_renderer()
+    slot_px = ax.get_window_extent(renderer).width / len(labels) * 0.85  # tight_layout may shrink the axes
+    fitted = []
+    for text, label in zip(ax.get_xticklabels(), labels, strict=True):
+        width_px = text.get_window_extent(renderer).width
+        if width_px <= slot_px:
+            fitted.append(label)
+            continue
+        chars = max(1, int(len(label) * slot_px / width_px))
+        wrapped = textwrap.wrap(label, width=chars, break_long_words=False)
+        if len(wrapped) > MAX_TICK_LINES or max(len(part) for part in wrapped) > chars:
+            ax.set_xticklabels(labels, rotation=90)
+            return
+        fitted.append("\n".join(wrapped))
+    ax.set_xticklabels(fitted)
+
+
+def _wrapped_title(ax, text: str) -> str:
+    """``text`` wrapped at spaces to the width of ``ax`` (a title wider than its chart runs off the figure)."""
+    renderer = ax.get_figure().canvas.get_renderer()
+    width_px = ax.get_window_extent(renderer).width
+    size_px = ax.title.get_fontsize() * ax.get_figure().dpi / 72
+    chars = max(10, int(width_px / (0.6 * size_px)))
+    return "\n".join(textwrap.fill(line, width=chars, break_long_words=False) for line in text.split("\n"))
+
+
 def _axes(ax):
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4.2))
+        _, ax = plt.subplots(figsize=(7, PANEL_HEIGHT_IN))
     return ax
 
 
@@ -493,10 +490,14 @@ def _finish(ax, drawn: list, title: str, notes: list[str], handles: list | None 
     if not drawn:
         notes = ["nothing to plot", *notes]
     ax.set_title("\n".join([title, *notes]), fontsize="medium")
+    ax.set_title(_wrapped_title(ax, ax.get_title()), fontsize="medium")
     if handles:  # outside the axes, so it never hides a bar
         ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    elif ax.get_legend_handles_labels()[0]:
+    elif len(ax.get_legend_handles_labels()[0]) > 1:  # one series needs no legend
         ax.legend(fontsize="small")
+    fig = ax.get_figure()
+    if len(fig.axes) == 1:  # a chart of its own: make room for its legend and labels inside the figure
+        fig.tight_layout()
 
 
 def _colors(keys: list) -> dict:
@@ -527,10 +528,11 @@ def _check_frame(df, name: str, columns: dict[str, str | None]) -> None:
 
 
 def _failed(frame: pd.DataFrame) -> pd.Series:
+    """Rows of failed runs: an ``error`` that is a message. A number there is some other kind of error
+    (a prediction's, say) and never hides the row."""
     if "error" not in frame.columns:
         return pd.Series(False, index=frame.index)
-    errors = frame["error"]
-    return errors.notna() & (errors.astype(str).str.strip() != "")
+    return frame["error"].map(lambda value: isinstance(value, str) and value.strip() != "").astype(bool)
 
 
 def _sort_key(values: list) -> list:
@@ -629,7 +631,8 @@ def _frame_rows(df: pd.DataFrame, label: str | None) -> dict | list:
     return labelled
 
 
-def _labelled(results) -> dict:
+def label_runs(results) -> dict:
+    """label -> result: a dict as given; a list labelled by the config fields that differ between its runs."""
     if isinstance(results, dict) and "losses" not in results and "config" not in results:
         return {str(k): v for k, v in results.items()}
     if isinstance(results, (list, tuple)):

@@ -9,7 +9,6 @@ import itertools
 import json
 import os
 import tempfile
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from .config import RunConfig, check_keys, field_names
 from .data import cache_dir
 from .env import env_report, hardware_key, is_online, profile, resolve_device
 from .errors import ConfigError, DatasetUnavailableError
+from .messages import note
 from .models import checkpoint_dir
 from .project import __version__
 from .result import MEMORY_CATEGORIES, RunResult
@@ -85,8 +85,8 @@ def cached_fit(cfg: RunConfig, refresh: bool = False, progress: bool = True, on_
         except (ValueError, TypeError):
             path.unlink()  # unreadable (e.g. written by an older labkit): run again
         else:
-            for message in result.warnings:  # a cached run warns as the live one did
-                warnings.warn(f"(cached run) {message}", stacklevel=2)
+            for message in result.warnings:  # a cached run tells what the live one did (once per session)
+                note(message)
             return result
     result = fit(cfg, progress=progress, on_step=on_step)
     _write_atomic(path, result.to_dict())

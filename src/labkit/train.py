@@ -11,7 +11,6 @@ import functools
 import math
 import os
 import time
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -22,6 +21,7 @@ from . import data, measure, models
 from .config import RunConfig
 from .env import Profile, env_report, profile, resolve_device, set_tf32
 from .errors import ConfigError, NonFiniteLossError
+from .messages import note
 from .result import RunResult
 from .techniques.accumulation import sync_context
 from .techniques.checkpointing import apply_checkpointing
@@ -109,7 +109,7 @@ class Trainer:
         self.precision = resolve_precision(cfg.precision, self.device, capability)
         self.warnings: list[str] = []
         if self.precision.warning:
-            warnings.warn(self.precision.warning, stacklevel=3)
+            note(self.precision.warning)
             self.warnings.append(self.precision.warning)
         # Memory already held on the GPU before this run (earlier runs' models, a notebook's tensors, the
         # cuBLAS workspace every process allocates once) is not this run's: peaks are reported above this

@@ -140,6 +140,7 @@ class ExperimentPanel:
             self.output,
         ])
         self._passes_on_step = _accepts_keyword(run, "on_step")
+        self._passes_progress = _accepts_keyword(run, "progress")
 
     def config(self) -> RunConfig:
         """``base`` with the controls' current values applied (validated: may raise `ConfigError`)."""
@@ -173,14 +174,19 @@ class ExperimentPanel:
                                  *(f"{name}={value!r}" for name, value in chosen.items())])
             self.status.value = f"Running with {html.escape(changed)} ..."
             kwargs = {"on_step": self.progress_callback} if self._passes_on_step else {}
+            if self._passes_progress:
+                kwargs["progress"] = False  # the panel has its own bar; tqdm's would land in the log console
             kwargs.update(chosen)
-            result = self.run(cfg, **kwargs)
+            # Everything the run prints (labkit's notes included) goes to the panel's output area: outside
+            # it, a widget callback's output lands in JupyterLab's log console, where nobody looks.
             with self.output:
+                result = self.run(cfg, **kwargs)
                 self.show(result)
                 _display_new_figures(figures_before)
             self.last_result = result
             self.progress.value = self.progress.max
-            self.status.value = f"Done in {time.perf_counter() - start:.1f} s ({html.escape(changed)})."
+            self.status.value = (f"Done in {time.perf_counter() - start:.1f} s ({html.escape(changed)})."
+                                 + _notes_html(result))
         except Exception as error:  # shown in the panel: ipywidgets would swallow it
             self.last_error = error
             self.status.value = (f"<span style='color:#b00'><b>{type(error).__name__}:</b> "
@@ -208,6 +214,14 @@ class ExperimentPanel:
 
     def __repr__(self) -> str:
         return f"ExperimentPanel(controls={list(self.controls)}, running={self.running})"
+
+
+def _notes_html(result) -> str:
+    """The run's own warnings (e.g. fp16 emulated on this CPU), shown under every run that had them: the
+    notebook prints each note once per session, but a panel run's time needs its explanation each time."""
+    notes = getattr(result, "warnings", None) or []
+    return "".join(f"<br><span style='color:#8a5a00'>Note: {html.escape(str(message))}</span>"
+                   for message in notes)
 
 
 def _accepts_keyword(func, name: str) -> bool:

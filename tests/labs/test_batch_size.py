@@ -2,12 +2,13 @@
 
 import math
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 import torch
 
 import labkit
-from labkit import capacity, models
+from labkit import capacity, models, plots
 from labkit.errors import ConfigError
 from labkit.labs import batch_size as batch_lab
 from labkit.result import RunResult
@@ -124,9 +125,19 @@ def test_prediction_table_checks_the_line_against_measured_steps(tiny_cfg):
     measured = table[table.kind == "measured"].set_index("batch_size").peak_memory_bytes
     assert measured[64] == capacity.step_memory(tiny_cfg, 64).total_bytes
     predicted = table[table.kind != "measured"].set_index("batch_size")
-    assert predicted.error[96] == pytest.approx(predicted.peak_memory_bytes[96] / measured[96] - 1)
-    assert predicted.error.abs().max() < 0.1
+    assert predicted.prediction_error[96] == pytest.approx(predicted.peak_memory_bytes[96] / measured[96] - 1)
+    assert predicted.prediction_error.abs().max() < 0.1
     assert batch_lab.prediction_finding(table).startswith("Predicted from 16 and 32: off by ")
+
+
+def test_the_prediction_chart_draws_predicted_and_measured_lines(tiny_cfg):
+    # The chart once read the prediction's error column as failed runs and dropped the predicted rows.
+    table = batch_lab.prediction_table(tiny_cfg, fit_sizes=(16, 32), check_sizes=(64, 96))
+    ax = plots.line(table, x="batch_size", y="peak_memory_bytes", hue="kind", logx=True)
+    drawn = {line.get_label(): list(line.get_xdata()) for line in ax.lines}
+    assert drawn == {"kind=predicted from 16 and 32": [64, 96], "kind=measured": [64, 96]}
+    assert "failed" not in ax.get_title()
+    plt.close("all")
 
 
 def test_compare_lr_scaling_labels_three_sweeps(tiny_cfg):

@@ -8,8 +8,6 @@ from labkit import capacity, measure, train
 from labkit.errors import ConfigError
 from labkit.labs import memory_savers
 
-BF16_EMULATED = "ignore:bf16 on this CPU is emulated"
-
 
 def test_checkpoint_tradeoff_measures_each_segment_count_beside_the_cost_model(tiny_cfg):
     df = memory_savers.checkpoint_tradeoff(tiny_cfg, segments=[0, 2, 4], progress=False)
@@ -107,7 +105,6 @@ def test_the_175b_optimizer_claim_is_checked_in_tb_and_tib():
         memory_savers.optimizer_claim(175e9, (1.2,))
 
 
-@pytest.mark.filterwarnings(BF16_EMULATED)
 def test_staged_runs_add_one_saver_at_a_time_then_all(small_cnn_bytes, tiny_cfg):
     staged = memory_savers.staged_runs(tiny_cfg, precision="bf16", progress=False)
     frame = staged.frame.set_index("stage")

@@ -1,6 +1,6 @@
 """labkit.labs.start_here: the timing demo and the sentences worded from a run's numbers."""
 
-
+import pandas as pd
 
 from labkit.labs import start_here
 from labkit.measure import TimingPitfalls
@@ -69,3 +69,22 @@ def test_memory_explains_why_category_peaks_exceed_the_total():
     assert "add up to 42.00 MiB, more than the 24.00 MiB held at the moment of the total peak" in text
     gpu = start_here.memory(_result(memory_at_peak=at_peak, reserved_memory_bytes=40 * 2**20))
     assert "7.00 MiB above the tracked tensors" in gpu
+
+
+def test_flops_against_peaks_puts_the_run_beside_published_peaks_and_measured_runs():
+    res = RunResult(config={"model": "small_cnn"}, precision_used="fp32", achieved_flops=81e9,
+                    env={"device": "cpu", "gpu": None})
+    live, peaks = start_here.flops_against_peaks(res, gpus=(("T4", "fp32"), ("T4", "fp16")))
+    assert live.to_dict("records") == [{"setup": "your run (cpu, fp32)", "achieved_flops": 81e9, "source": "live"}]
+    assert list(peaks.setup) == ["T4 fp32 peak", "T4 fp16 peak"]
+    assert list(peaks.achieved_flops) == [8.1e12, 65e12]
+    assert set(peaks.source) == {"published: NVIDIA datasheet peaks"}  # never presented as measured
+    text = start_here.peaks_finding(live, peaks)
+    assert text.startswith("Your run achieved 0.081 TFLOP/s: 1.00% of the T4 fp32 peak, 0.12% of the T4 fp16 peak.")
+
+    measured = pd.DataFrame([{"gpu": "Tesla T4", "device": "cuda", "precision_used": "fp16",
+                              "achieved_flops": 2e12, "source": "reference: Tesla T4 2026-11-01"}])
+    _, rows = start_here.flops_against_peaks(res, measured, gpus=(("T4", "fp16"),))
+    assert list(rows.setup) == ["Tesla T4 run (fp16)", "T4 fp16 peak"]
+    assert "of the T4 fp16 peak" in start_here.peaks_finding(live, rows)
+    assert "Tesla T4 run" not in start_here.peaks_finding(live, rows)  # a measured run is no peak

@@ -46,12 +46,38 @@ def test_badges_and_install_line_follow_the_one_repo_url(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_setup_cell_installs_only_on_colab_or_kaggle_and_never_torch(path):
-    setup = next(source(c) for c in cells(path, "code"))
-    install = [line for line in setup.splitlines() if "pip install" in line]
+    install_cell, setup_cell = (source(c) for c in cells(path, "code")[:2])
+    setup = install_cell + "\n" + setup_cell
+    install = [line for line in setup.splitlines() if line.lstrip().startswith("%pip install")]
     assert len(install) == 1 and install[0].startswith("    "), "the install must sit inside the platform check"
     assert "google.colab" in setup and "KAGGLE_KERNEL_RUN_TYPE" in setup
     assert "torch" not in install[0].replace(project.DISTRIBUTION, "")
-    assert "labkit.env_report()" in setup and "labkit.profile()" in setup
+    assert "labkit.env_report()" in setup_cell and "labkit.profile()" in setup_cell
+
+
+class FakeShell:
+    """What the install cell calls as ``get_ipython()``: records the %pip line and installs nothing, as a
+    %pip on Kaggle with Internet off does (it prints an error and the cell goes on)."""
+
+    def __init__(self):
+        self.magics = []
+
+    def run_line_magic(self, name, line, *args, **kwargs):
+        self.magics.append(f"%{name} {line}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_failed_install_stops_with_what_to_do(path, monkeypatch):
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    code = TransformerManager().transform_cell(source(cells(path, "code")[0]))
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    monkeypatch.setitem(sys.modules, "labkit", None)  # `import labkit` raises ModuleNotFoundError
+    shell = FakeShell()
+    with pytest.raises(SystemExit, match=r"labkit is not installed\. On Kaggle: Settings > Internet on") as stop:
+        exec(compile(code, path.name, "exec"), {"get_ipython": lambda: shell})
+    assert stop.value.__cause__ is None and stop.value.__suppress_context__  # no ModuleNotFoundError traceback
+    assert shell.magics == [f"%pip install -q \"{project.install_spec(path.name)}\""]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

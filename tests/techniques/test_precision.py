@@ -1,6 +1,8 @@
 """labkit.techniques.precision: resolving a precision, autocast, the GradScaler, run_in_fp32."""
 
 
+import warnings
+
 import pytest
 import torch
 
@@ -56,10 +58,12 @@ def test_cpu_low_precision_without_instructions_warns(monkeypatch, name, flag):
     assert resolve_precision(name, CPU).warning is None
 
 
-def test_fp16_on_cpu_warning_reaches_the_result(monkeypatch, tiny_cfg):
+def test_fp16_on_cpu_warning_reaches_the_result_and_a_note(monkeypatch, tiny_cfg, capsys):
     monkeypatch.setattr(precision, "cpu_fp16_native", lambda: False)
-    with pytest.warns(UserWarning, match="fp16 on this CPU is emulated"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         res = labkit.fit(tiny_cfg.replace(precision="fp16", evaluate=False), progress=False)
+    assert capsys.readouterr().out.startswith("labkit note: fp16 on this CPU is emulated")
     assert res.precision_used == "fp16" and any("emulated" in w for w in res.warnings)
 
 

@@ -27,6 +27,8 @@ from ..capacity import fit_linear_memory, memory_model, step_memory
 from ..config import RunConfig
 from ..env import PROFILES, env_report, profile, resolve_device, set_tf32
 from ..errors import ConfigError
+from ..measure import accuracy_noise
+from ..messages import worded
 from ..techniques.optimizers import scale_lr
 from ..techniques.precision import autocast, resolve_precision
 from ..train import run_splits
@@ -249,8 +251,8 @@ def prediction_table(cfg: RunConfig, fit_sizes: tuple[int, int] = (16, 32), chec
 
     Returns:
         A long DataFrame, two rows per checked size: ``batch_size``, ``kind`` (``"predicted from a
-        and b"`` or ``"measured"``), ``peak_memory_bytes``; and ``error`` (predicted / measured - 1) on
-        the predicted rows.
+        and b"`` or ``"measured"``), ``peak_memory_bytes``; and ``prediction_error`` (predicted / measured - 1) on
+        the predicted rows. (Not ``error``: in labkit's frames that column holds a failed run's message.)
 
     Example:
         >>> table = prediction_table(cfg); plots.line(table, x="batch_size", y="peak_memory_bytes", hue="kind")
@@ -262,29 +264,20 @@ def prediction_table(cfg: RunConfig, fit_sizes: tuple[int, int] = (16, 32), chec
         predicted = model.predict(size)["total"]
         measured = step_memory(cfg, size).total_bytes
         rows.append({"batch_size": size, "kind": label, "peak_memory_bytes": predicted,
-                     "error": predicted / measured - 1})
-        rows.append({"batch_size": size, "kind": "measured", "peak_memory_bytes": measured, "error": None})
+                     "prediction_error": predicted / measured - 1})
+        rows.append({"batch_size": size, "kind": "measured", "peak_memory_bytes": measured,
+                     "prediction_error": None})
     return pd.DataFrame(rows)
 
 
+@worded
 def prediction_finding(table) -> str:
     """How far the two-point prediction was from the measurement at each checked size."""
     predicted = table[table["kind"] != "measured"]
-    parts = [f"{row.error:+.1%} at batch {row.batch_size}" for row in predicted.itertuples()]
-    worst = predicted["error"].abs().max()
+    parts = [f"{row.prediction_error:+.1%} at batch {row.batch_size}" for row in predicted.itertuples()]
+    worst = predicted["prediction_error"].abs().max()
     return (f"{predicted['kind'].iloc[0].capitalize()}: off by {', '.join(parts)} against the measured peaks "
             f"(worst {worst:.1%}).")
-
-
-def accuracy_noise(accuracy: float, test_size: int) -> float:
-    """The smallest accuracy difference between two runs that is not test-set noise (about 95 % confidence).
-
-    Two accuracies measured on ``test_size`` images each differ by chance with a standard error of about
-    sqrt(2 p (1 - p) / test_size); twice that is the threshold. It ignores seed-to-seed variation of the
-    training itself, so it is a lower bound.
-    """
-    p = min(max(float(accuracy), 1 / test_size), 1 - 1 / test_size)
-    return 2 * math.sqrt(2 * p * (1 - p) / test_size)
 
 
 def _test_size(frame) -> int:
@@ -385,6 +378,7 @@ def compare_lr_scaling(cfg: RunConfig, warmup_steps: int, rule: str = "linear", 
     return pd.concat([frame.assign(lr_setting=name) for name, frame in frames.items()], ignore_index=True)
 
 
+@worded
 def lr_scaling_finding(df) -> str:
     """Which lr setting gave the best accuracy at each batch size, from `compare_lr_scaling`'s frame."""
     ok = df[df["error"].isna()] if "error" in df else df
@@ -406,7 +400,7 @@ def lr_scaling_finding(df) -> str:
 
 
 def run_with_lr_scaling(cfg: RunConfig, lr_scaling: bool | str = False, base_batch_size: int = 64, on_step=None,
-                        refresh: bool = False):
+                        refresh: bool = False, progress: bool = True):
     """`labkit.results.cached_fit` with ``cfg.lr`` scaled from ``base_batch_size`` when ``lr_scaling`` is set.
 
     For a panel whose controls choose the batch size and whether the lr follows it.
@@ -420,9 +414,10 @@ def run_with_lr_scaling(cfg: RunConfig, lr_scaling: bool | str = False, base_bat
     """
     if lr_scaling is not False:
         cfg = scale_lr(cfg, base_batch_size, rule="linear" if lr_scaling is True else lr_scaling)
-    return results.cached_fit(cfg, refresh=refresh, on_step=on_step)
+    return results.cached_fit(cfg, refresh=refresh, progress=progress, on_step=on_step)
 
 
+@worded
 def accumulation_finding(df) -> str:
     """What gradient accumulation did to peak memory and step time, from a sweep over ``grad_accum``."""
     ok = df[df["error"].isna()] if "error" in df else df

@@ -27,6 +27,7 @@ from ..capacity import model_training_memory, step_memory, training_memory
 from ..config import RunConfig
 from ..env import env_report
 from ..errors import ConfigError
+from ..messages import worded
 from ..techniques.checkpointing import Segment, checkpoint_blocks, checkpoint_segments
 from ..techniques.optimizers import EIGHT_BIT_OPTIMIZERS, MIN_8BIT_SIZE
 from ..techniques.precision import autocast, low_precision_for
@@ -149,6 +150,7 @@ def checkpoint_tradeoff(cfg: RunConfig, segments: Iterable[int] | None = None, r
     return frame[first + [c for c in frame.columns if c not in first]]
 
 
+@worded
 def tradeoff_finding(frame) -> str:
     """What checkpointing saved and cost in this run, as a sentence computed from `checkpoint_tradeoff`'s frame.
 
@@ -289,8 +291,10 @@ def calculator_check(cfg: RunConfig):
 
     Measures with `labkit.capacity.step_memory` (the tracker `labkit.fit` uses) and computes
     with `model_training_memory` on the same model. Columns: ``component``, ``calculated_bytes``,
-    ``measured_bytes``, ``difference_bytes``. An autocast run (``precision`` fp16/bf16) keeps fp32 weights,
-    so it is computed as fp32.
+    ``measured_bytes``, ``difference_bytes`` and ``rounding_bytes``: how much more the measurement may
+    hold because the CUDA caching allocator rounds every tensor up to a multiple of 512 bytes (511 bytes
+    per tensor at most; 0 on the CPU). An autocast run (``precision`` fp16/bf16) keeps fp32 weights, so it
+    is computed as fp32.
 
     Example:
         >>> calculator_check(cfg.replace(optimizer="adamw8bit"))
@@ -299,12 +303,21 @@ def calculator_check(cfg: RunConfig):
     trainer = train.Trainer(cfg.replace(evaluate=False, pretrained=False))
     calculated = model_training_memory(trainer.model, "fp32", cfg.optimizer, device=trainer.device,
                                        momentum=cfg.momentum > 0 if cfg.optimizer == "sgd" else True)
+    model = trainer.model
+    trainable = sum(p.requires_grad for p in model.parameters())
+    # Tensors per trainable parameter in the optimizer: AdamW two moments; 8-bit AdamW two 8-bit states and
+    # their two block scales; SGD one momentum buffer (or none).
+    state_tensors = {"adamw": 2, "adamw8bit": 4, "sgd": 1 if cfg.momentum > 0 else 0}.get(cfg.optimizer, 4)
+    tensors = {"weights": len(list(model.parameters())) + len(list(model.buffers())), "gradients": trainable,
+               "optimizer_state": state_tensors * trainable}
+    per_tensor = CUDA_ROUNDING_BYTES - 1 if trainer.device.type == "cuda" else 0
     rows = []
     for component, category in (("weights", "parameters"), ("gradients", "gradients"),
                                 ("optimizer_state", "optimizer_state")):
         rows.append({"component": component, "calculated_bytes": calculated[component],
                      "measured_bytes": measured.get(category, 0),
-                     "difference_bytes": measured.get(category, 0) - calculated[component]})
+                     "difference_bytes": measured.get(category, 0) - calculated[component],
+                     "rounding_bytes": per_tensor * tensors[component]})
     return pd.DataFrame(rows)
 
 
@@ -338,6 +351,7 @@ def scale_table(num_params: dict | None = None, setups: dict | None = None):
     return pd.DataFrame(rows)
 
 
+@worded
 def optimizer_claim(num_params: float = 175e9, claimed_tb: tuple[float, float] = (1.2, 0.3)) -> str:
     """Check a claim "optimizer memory goes from A TB to B TB with 8-bit Adam" for ``num_params`` parameters.
 
@@ -399,6 +413,7 @@ class StagedRuns:
     results: dict = field(default_factory=dict)
     frame: object = None
 
+    @worded
     def finding(self) -> str:
         """The memory each stage saved against the baseline, and its step time, as one sentence each."""
         frame = self.frame
@@ -429,6 +444,9 @@ class StagedRuns:
         return "\n".join(lines)
 
 
+# The CUDA caching allocator hands out memory in multiples of this many bytes, so a tensor occupies up to
+# 511 bytes more than its elements; labkit's tracker counts what was allocated.
+CUDA_ROUNDING_BYTES = 512
 STAGES = ("baseline", "+AMP", "+checkpointing", "+8-bit optimizer", "all together")
 
 

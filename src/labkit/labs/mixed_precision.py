@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from .. import data, results, train
 from ..env import has_tensor_cores, native_bf16
+from ..messages import worded
 from ..techniques.precision import DTYPES, Precision, autocast
 from ..units import MIB, change_between
 
@@ -272,6 +273,7 @@ def _by_setup(df) -> dict:
     return {row["setup"]: row for _, row in frame.iterrows() if not isinstance(row.get("error"), str)}
 
 
+@worded
 def summary(df, env: dict | None = None) -> str:
     """What the precision comparison measured, in sentences computed from the frame (see `table`).
 
@@ -301,6 +303,7 @@ def summary(df, env: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+@worded
 def tf32_finding(df, env: dict) -> str:
     """What TF32 did here, and why (it only exists on Ampere and later GPUs)."""
     rows = _by_setup(df)
@@ -318,6 +321,7 @@ def tf32_finding(df, env: dict) -> str:
             "mixed-precision speed-ups measured against it look smaller than against true fp32.")
 
 
+@worded
 def advice(env: dict, df=None) -> str:
     """Which precision to use on this machine, from its capabilities and (if given) what this run measured.
 
@@ -357,6 +361,7 @@ def advice(env: dict, df=None) -> str:
     return "\n".join(lines)
 
 
+@worded
 def memory_savings(df, low: str) -> str:
     """How much ``low`` precision saved against fp32 at each batch size, and which part shrank.
 
@@ -386,6 +391,7 @@ def memory_savings(df, low: str) -> str:
     return "\n".join(lines)
 
 
+@worded
 def channels_last_finding(df) -> str:
     """Speed of channels_last relative to the default layout, per precision, from a sweep frame."""
     ok = df[df["error"].isna()] if "error" in df else df
@@ -398,6 +404,7 @@ def channels_last_finding(df) -> str:
     return "\n".join(lines)
 
 
+@worded
 def scaler_finding(trace: pd.DataFrame) -> str:
     """One sentence on a `scaler_trace`: steps skipped, and where the scale started and ended."""
     skipped = int(trace["skipped"].sum())

@@ -1,17 +1,26 @@
 """Notebook 00 (start here): how labkit measures, and the sentences computed from a run's live results.
 
 - `timing_demo`: one training step timed cold, warm and synchronised, and warm without synchronising.
+- `flops_against_peaks`, `peaks_finding`: a run's achieved FLOP/s next to published datasheet peaks.
 - `timing`, `headline`, `memory`, `compare`: what a run measured, in words. Notebooks print these instead
   of typing figures into prose, so that on CPU and on GPU they stay true.
 """
 
 from __future__ import annotations
 
+import pandas as pd
+
 from ..config import RunConfig
-from ..measure import TimingPitfalls, timing_pitfalls
+from ..measure import PEAK_FLOPS, TimingPitfalls, timing_pitfalls
+from ..messages import worded
 from ..result import MEMORY_CATEGORIES, RunResult
 from ..train import Trainer
 from ..units import mib
+
+# The GPUs a learner of this lab meets (free Colab/Kaggle: T4, P100; a rented one: A100), at the dtypes
+# their datasheets quote for training: fp32 (CUDA cores) and fp16 (tensor cores where there are any).
+PEAK_GPUS = (("T4", "fp32"), ("T4", "fp16"), ("P100", "fp32"), ("A100", "fp32"), ("A100", "bf16"))
+PEAK_SOURCE = "published: NVIDIA datasheet peaks"
 
 
 def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> TimingPitfalls:
@@ -25,6 +34,7 @@ def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> TimingPit
     return timing_pitfalls(lambda: trainer.step(images, labels), trainer.device, warmup, repeats)
 
 
+@worded
 def timing(tp: TimingPitfalls) -> str:
     """What the timing demo showed: cold vs warm, and unsynchronised vs synchronised."""
     lines = [
@@ -52,6 +62,7 @@ def timing(tp: TimingPitfalls) -> str:
     return "\n".join(lines)
 
 
+@worded
 def headline(res: RunResult) -> str:
     """The four headline numbers (time, memory, accuracy, size) plus throughput and FLOP/s, in words."""
     untimed = res.steps - res.timed_steps
@@ -77,6 +88,7 @@ def headline(res: RunResult) -> str:
     return "\n".join(text)
 
 
+@worded
 def memory(res: RunResult) -> str:
     """Allocated vs reserved, and the breakdown by category."""
     lines = []
@@ -113,6 +125,7 @@ def memory(res: RunResult) -> str:
     return "\n".join(lines)
 
 
+@worded
 def compare(name_a: str, a: RunResult, name_b: str, b: RunResult, metric: str = "accuracy") -> str:
     """One sentence comparing ``metric`` between two runs, e.g. pretrained vs from scratch."""
     va, vb = getattr(a, metric), getattr(b, metric)
@@ -120,3 +133,45 @@ def compare(name_a: str, a: RunResult, name_b: str, b: RunResult, metric: str = 
         return (f"{name_a}: {va:.1%} vs {name_b}: {vb:.1%} after the same {a.steps} steps "
                 f"({(va - vb) * 100:+.1f} percentage points).")
     return f"{name_a}: {va:.4g} vs {name_b}: {vb:.4g} ({va / vb:.2f}x)."
+
+
+def flops_against_peaks(res: RunResult, measured: pd.DataFrame | None = None,
+                        gpus=PEAK_GPUS) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A run's achieved FLOP/s, and what to draw next to it: datasheet peaks, and the same run measured
+    on real GPUs where such reference results are shipped.
+
+    The peaks are published figures (`labkit.measure.PEAK_FLOPS`, from NVIDIA's datasheets), never
+    measurements: they are what the hardware could do with perfectly sized kernels.
+
+    Args:
+        measured: reference results of this run from ``labkit.load_reference`` (may be empty).
+
+    Returns:
+        ``(live, peaks)``: one-row and one-row-per-GPU frames with ``setup`` and ``achieved_flops`` (the
+        peaks' ``source`` says they are published), ready for ``plots.bar(live, x="setup",
+        y="achieved_flops", reference=peaks, logy=True)``.
+
+    Example:
+        >>> live, peaks = flops_against_peaks(res)
+    """
+    device = res.env.get("gpu") or res.env.get("device") or "this device"
+    live = pd.DataFrame([{"setup": f"your run ({device}, {res.precision_used})", "achieved_flops": res.achieved_flops,
+                          "source": "live"}])
+    rows = [{"setup": f"{gpu} {dtype} peak", "achieved_flops": PEAK_FLOPS[gpu][dtype], "source": PEAK_SOURCE}
+            for gpu, dtype in gpus]
+    if measured is not None and len(measured):
+        rows = [{"setup": f"{row.gpu or row.device} run ({row.precision_used})", "achieved_flops": row.achieved_flops,
+                 "source": row.source} for row in measured.itertuples()] + rows
+    return live, pd.DataFrame(rows)
+
+
+@worded
+def peaks_finding(live: pd.DataFrame, peaks: pd.DataFrame) -> str:
+    """How far the run's achieved FLOP/s is from each datasheet peak, as a fraction of it."""
+    achieved = live["achieved_flops"].iloc[0]
+    if not achieved:
+        return "This run has no FLOP count (evaluate-only or a failed step), so there is nothing to compare."
+    parts = [f"{achieved / row.achieved_flops:.2%} of the {row.setup}" for row in peaks.itertuples()
+             if row.source == PEAK_SOURCE]
+    return (f"Your run achieved {achieved / 1e12:.3g} TFLOP/s: " + ", ".join(parts)
+            + ". A model this small leaves any GPU mostly idle; the gap is the room later notebooks work in.")

@@ -1,0 +1,92 @@
+"""What a panel shows after each run: `History` (every run of the session side by side) and `run_overview`.
+
+Both are an `ExperimentPanel`'s ``show``: they print the run's headline numbers and draw with `labkit.plots`,
+at a size the panel's output area shows without scaling the text down.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .errors import ConfigError
+from .labs.start_here import headline
+from .plots import BREAKDOWN, METRICS, bar, grid, label_runs, loss_curve, memory_breakdown
+from .results import to_row
+
+# A run's label (the config fields that differ) is written under its bar when every label is this short
+# and there are this few runs; otherwise the bars are numbered and the numbers explained above the chart.
+SHORT_LABEL_CHARS = 18
+FEW_RUNS = 4
+
+
+def run_names(labels: list[str]) -> list[str]:
+    """The names under the bars: the labels themselves when they are short and few, else ``#1``, ``#2``, ...
+
+    Example:
+        >>> run_names(["precision=fp32", "precision=bf16"])
+        ['precision=fp32', 'precision=bf16']
+    """
+    if len(labels) <= FEW_RUNS and all(len(label) <= SHORT_LABEL_CHARS for label in labels):
+        return list(labels)
+    return [f"#{i + 1}" for i in range(len(labels))]
+
+
+class History:
+    """A panel's ``show`` that keeps every run of the session and redraws ``metrics`` as bars for all of them.
+
+    Each press of Run adds a bar, labelled by the config fields that differ between the runs, so the
+    learner compares settings side by side instead of reading one run at a time. The pseudo-metric
+    ``"memory_breakdown"`` draws the stacked memory chart of every run.
+
+    Args:
+        metrics: result columns to chart, one panel each (e.g. ``("step_time_s", "peak_memory_bytes")``).
+        max_runs: the most recent runs kept.
+
+    Example:
+        >>> ExperimentPanel(labkit.results.cached_fit, {"precision": ["fp32", "bf16"]},
+        ...                 show=plots.History(("step_time_s", "peak_memory_bytes")))
+    """
+
+    def __init__(self, metrics=("step_time_s", "peak_memory_bytes"), max_runs: int = 8):
+        unknown = [m for m in metrics if m not in METRICS and m != BREAKDOWN]
+        if not metrics or unknown:
+            raise ConfigError("metrics", list(metrics), f"a non-empty list of result columns from {sorted(METRICS)} "
+                                                        f"or {BREAKDOWN!r} (the stacked memory chart)")
+        if not isinstance(max_runs, int) or max_runs < 1:
+            raise ConfigError("max_runs", max_runs, "a positive integer")
+        self.metrics, self.max_runs, self.runs = tuple(metrics), max_runs, []
+
+    def __call__(self, result) -> None:
+        self.runs = [*self.runs, result][-self.max_runs:]
+        if getattr(result, "error", None):
+            print(f"run failed: {result.error}")
+        else:
+            print(headline(result))
+        frame = pd.DataFrame([to_row(r) for r in self.runs])
+        frame["run"] = run_names(list(label_runs(list(self.runs))))
+        if list(frame["run"]) != list(label_runs(list(self.runs))):  # numbered: say what each number ran
+            for name, label in zip(frame["run"], label_runs(list(self.runs)), strict=True):
+                print(f"{name}: {label}")
+        fig, axes = grid(len(self.metrics))
+        for ax, column in zip(axes, self.metrics, strict=True):
+            if column == BREAKDOWN:
+                memory_breakdown(frame, ax=ax, label="run")
+            else:
+                bar(frame, x="run", y=column, ax=ax)
+        fig.tight_layout()
+
+
+def run_overview(result) -> None:
+    """One run at a glance, for a panel's ``show``: its headline numbers, loss curve and memory breakdown.
+
+    Example:
+        >>> ExperimentPanel(labkit.fit, {"batch_size": (16, 256, 16)}, show=plots.run_overview)
+    """
+    if getattr(result, "error", None):
+        print(f"run failed: {result.error}")
+        return
+    print(headline(result))
+    fig, (left, right) = grid(2)
+    loss_curve(result, ax=left)
+    memory_breakdown(result, ax=right)
+    fig.tight_layout()

@@ -1,0 +1,1 @@
+"""The learner's view: every notebook run in JupyterLab in headless Chromium, its panel driven."""

@@ -1,0 +1,269 @@
+"""Drive JupyterLab in headless Chromium as a learner would: open a notebook, run every cell, use its panel.
+
+`LabServer` starts JupyterLab on a free loopback port over a scratch copy of the notebooks (so
+JupyterLab's autosave never writes outputs into the committed files). `NotebookPage` wraps a
+Playwright page on one notebook. Only Debian's ``chromium`` is used (`find_chromium`): Playwright's
+own browser download is never needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Without the background-networking flags Chromium keeps trying to reach Google's hosts from a closed network.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage"]
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+HOW_TO_GET_CHROMIUM = ("install Debian's Chromium (`sudo apt-get install -y chromium`) or set "
+                       "LABKIT_CHROMIUM to a Chromium/Chrome executable")
+# JupyterLab settings for a test: every cell rendered (no windowing, so every output is in the page) and
+# no news or update checks (the network is closed).
+LAB_SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
+                                                                        "checkForUpdates": False},
+}
+# The outputs a learner reads as trouble: stderr streams (the pink warning box) and tracebacks.
+TROUBLE_OUTPUTS = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+
+
+def find_chromium() -> str | None:
+    """The Chromium executable to drive: $LABKIT_CHROMIUM, else the first Debian/Ubuntu path that exists."""
+    chosen = os.environ.get("LABKIT_CHROMIUM")
+    if chosen:
+        return chosen if Path(chosen).is_file() else None
+    return next((path for path in CHROMIUM_CANDIDATES if Path(path).is_file()), None)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LabServer:
+    """JupyterLab serving a scratch copy of ``notebooks`` on 127.0.0.1 with a random token."""
+
+    def __init__(self, notebooks: list[Path], env: dict | None = None, python: str = sys.executable,
+                 replace_env: bool = False):
+        """``env`` is added to this process's environment, or replaces it with ``replace_env=True``."""
+        self.root = Path(tempfile.mkdtemp(prefix="labkit-browser-"))
+        self.notebook_dir = self.root / "notebooks"
+        self.notebook_dir.mkdir()
+        for path in notebooks:
+            shutil.copy(path, self.notebook_dir / path.name)
+        settings = self.root / "settings"
+        for name, values in LAB_SETTINGS.items():
+            target = settings / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(values))
+        self.port = free_port()
+        self.token = os.urandom(12).hex()
+        self.log_path = self.root / "jupyterlab.log"
+        command = [python, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+                   f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+                   f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.notebook_dir}",
+                   f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={self.root / 'workspaces'}",
+                   "--allow-root"]
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=dict(env or {}) if replace_env else {**os.environ, **(env or {})})
+        self._wait_until_up()
+
+    def _wait_until_up(self, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited ({self.process.returncode}):\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/api/status?token={self.token}", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"JupyterLab did not answer within {timeout_s:.0f} s:\n{self.log()}")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, notebook: str) -> str:
+        return f"{self.base_url}/lab/workspaces/{Path(notebook).stem}/tree/{notebook}?reset&token={self.token}"
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-4000:]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._log.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@dataclass
+class PanelRun:
+    """What one press of a panel's Run button showed."""
+
+    slider: str | None = None
+    slider_value: str | None = None
+    dropdown: str | None = None
+    dropdown_value: str | None = None
+    status: str = ""
+    seconds: float = 0.0
+    images: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+# Reads every code cell's prompt and outputs in one round trip.
+_CELLS_JS = """() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell.jp-CodeCell')).map((cell, i) => ({
+    index: i,
+    prompt: (cell.querySelector('.jp-InputArea-prompt') || {}).textContent || '',
+    source: (cell.querySelector('.jp-InputArea-editor') || {}).textContent || '',
+    trouble: Array.from(cell.querySelectorAll(arguments_selector)).map(o => o.textContent),
+    stdout: Array.from(cell.querySelectorAll(
+        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stdout']")).map(o => o.textContent),
+}))""".replace("arguments_selector", json.dumps(TROUBLE_OUTPUTS))
+
+
+class NotebookPage:
+    """One notebook open in JupyterLab in a Playwright page."""
+
+    def __init__(self, page, server: LabServer, notebook: str):
+        self.page = page
+        self.notebook = notebook
+        self.console: list[str] = []
+        page.on("console", self._on_console)
+        page.goto(server.url(notebook))
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+        self.wait_for_kernel("Idle", timeout_s=120)
+
+    def _on_console(self, message) -> None:
+        if message.type == "error" and "ERR_NAME_NOT_RESOLVED" not in message.text:
+            self.console.append(message.text)  # offline badge images fail to load: expected
+
+    def kernel_status(self) -> str:
+        text = self.page.locator(".jp-StatusBar-TextItem", has_text="|").first.text_content() or ""
+        return text.split("|")[-1].strip()
+
+    def wait_for_kernel(self, state: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.kernel_status() != state:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.notebook}: kernel is {self.kernel_status()!r}, not {state!r}, "
+                                   f"after {timeout_s:.0f} s")
+            time.sleep(0.25)
+
+    def run_all(self, timeout_s: float) -> list[dict]:
+        """Run > Run All Cells, wait until every cell ran or one failed; return each code cell's state."""
+        self.page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
+        self.page.get_by_role("menuitem", name="Run", exact=True).click()
+        self.page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        deadline = time.monotonic() + timeout_s
+        time.sleep(1)
+        while True:
+            cells = self.cells()
+            busy = any("*" in cell["prompt"] for cell in cells)
+            if not busy and self.kernel_status() == "Idle":
+                time.sleep(1)  # outputs of the last cell may still be arriving
+                cells = self.cells()
+                if not any("*" in cell["prompt"] for cell in cells) and self.kernel_status() == "Idle":
+                    return cells
+            if time.monotonic() > deadline:
+                running = [c["index"] for c in cells if "*" in c["prompt"]]
+                raise TimeoutError(f"{self.notebook}: still running cell(s) {running} after {timeout_s:.0f} s")
+            time.sleep(0.5)
+
+    def cells(self) -> list[dict]:
+        return self.page.evaluate(_CELLS_JS)
+
+    def panels(self):
+        """The ExperimentPanels on the page (a widget box holding a Run button)."""
+        return self.page.locator(".widget-vbox").filter(
+            has=self.page.locator("button.widget-button", has_text="Run")).filter(
+            has=self.page.locator(".widget-output"))
+
+    def drive_panel(self, panel, timeout_s: float, dropdown: str | None = None, dropdown_option: int = 1,
+                    shot: Path | None = None) -> PanelRun:
+        """Move the panel's first slider one step right, pick option ``dropdown_option`` in its dropdown
+        labelled ``dropdown`` (default: the first), press Run and wait for the panel's own status to say it
+        is done (or failed); ``shot``: where to save a picture of the panel after the run."""
+        run = PanelRun()
+        panel.scroll_into_view_if_needed()
+        sliders = panel.locator(".widget-slider")
+        if sliders.count():
+            slider = sliders.first
+            run.slider = slider.locator(".widget-label").first.text_content()
+            before = slider.locator(".widget-readout").first.text_content()
+            slider.locator(".noUi-handle").first.focus()
+            self.page.keyboard.press("ArrowRight")
+            self.page.wait_for_function(
+                "([el, before]) => el.textContent !== before",
+                arg=[slider.locator(".widget-readout").first.element_handle(), before], timeout=10_000)
+            run.slider_value = slider.locator(".widget-readout").first.text_content().strip()
+        dropdowns = panel.locator(".widget-dropdown")
+        if dropdown is not None:
+            dropdowns = dropdowns.filter(has=self.page.locator(".widget-label", has_text=dropdown))
+        if dropdowns.count():
+            chosen = dropdowns.first
+            run.dropdown = chosen.locator(".widget-label").first.text_content()
+            select = chosen.locator("select")
+            option = select.locator("option").nth(dropdown_option)
+            run.dropdown_value = option.text_content()
+            select.select_option(label=run.dropdown_value)
+        status = panel.locator(".widget-html").last
+        before = status.inner_text()
+        start = time.monotonic()
+        panel.locator("button.widget-button", has_text="Run").first.click()
+        self.page.wait_for_function(
+            "([el, before]) => el.innerText !== before && !el.innerText.startsWith('Running')",
+            arg=[status.element_handle(), before], timeout=timeout_s * 1000, polling=250)
+        run.seconds = time.monotonic() - start
+        run.status = status.inner_text()
+        output = panel.locator(".widget-output")
+        run.images = output.locator("img").count()
+        run.notes = [text for text in output.locator(".jp-OutputArea-output").all_inner_texts()
+                     if "labkit note" in text]
+        if shot is not None:
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            panel.screenshot(path=str(shot))
+        return run
+
+    def log_console_messages(self) -> list[str]:
+        """What landed in JupyterLab's log console (output a widget callback printed outside any output
+        area, so the learner never sees it in the notebook): opened from its status-bar counter and read."""
+        item = self.page.locator(".jp-LogConsoleStatusItem")
+        if not item.count() or not any(ch.isdigit() and ch != "0" for ch in item.first.text_content() or ""):
+            return []
+        item.first.click()
+        panel = self.page.locator(".jp-LogConsolePanel")
+        panel.wait_for(timeout=10_000)
+        time.sleep(0.5)
+        return [text.strip() for text in panel.locator(".jp-OutputArea-output").all_inner_texts() if text.strip()]
+
+    def screenshot(self, path: Path) -> None:
+        """The whole notebook: the page is made as tall as the notebook, so nothing is cut at the fold."""
+        scroller = ("() => document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')"
+                    " || document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook')")
+        self.page.evaluate(f"() => {{ const n = ({scroller})(); n.scrollTop = 0; }}")
+        height = self.page.evaluate(f"() => ({scroller})().scrollHeight")
+        width = self.page.viewport_size["width"]
+        self.page.set_viewport_size({"width": width, "height": min(height + 200, 30_000)})
+        time.sleep(1)
+        self.page.evaluate(f"() => {{ const n = ({scroller})(); n.scrollTop = 0; }}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(path))
+        self.page.set_viewport_size({"width": width, "height": 900})

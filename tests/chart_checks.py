@@ -1,0 +1,49 @@
+"""`assert_readable`: a chart's text as a learner sees it in the output area: big enough, inside the
+figure, and no label on top of another."""
+
+import itertools
+
+from matplotlib.text import Text
+
+from labkit.plots import FIGURE_WIDTH_IN
+
+# matplotlib's "small" (8.3 pt) at 100 dpi: the smallest text a chart may show once displayed.
+MIN_TEXT_PX = 11.0
+
+
+def texts(fig):
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def assert_readable(fig, min_px: float = MIN_TEXT_PX) -> None:
+    """Fail when any text of ``fig`` is smaller than ``min_px`` once the output area has scaled the figure
+    to at most `FIGURE_WIDTH_IN`, lies (partly) outside the figure, or overlaps a neighbouring tick label
+    or its axes' title."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    shown = min(1.0, FIGURE_WIDTH_IN * fig.dpi / width)
+    problems = []
+    for text in texts(fig):
+        px = text.get_fontsize() * fig.dpi / 72 * shown
+        if px < min_px:
+            problems.append(f"{text.get_text()!r} is {px:.1f} px tall when shown (at least {min_px})")
+        box = text.get_window_extent(renderer)
+        if box.x0 < -1 or box.y0 < -1 or box.x1 > width + 1 or box.y1 > height + 1:
+            problems.append(f"{text.get_text()!r} runs off the figure ({box.x0:.0f}..{box.x1:.0f} of {width:.0f} px "
+                            f"wide, {box.y0:.0f}..{box.y1:.0f} of {height:.0f} px high)")
+    for ax in fig.axes:
+        labels = []
+        for axis_labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+            shown_labels = [t for t in axis_labels if t.get_visible() and t.get_text()]
+            labels += shown_labels
+            for a, b in itertools.combinations(shown_labels, 2):
+                if a.get_window_extent(renderer).padded(-1).overlaps(b.get_window_extent(renderer).padded(-1)):
+                    problems.append(f"tick labels {a.get_text()!r} and {b.get_text()!r} overlap")
+        title = ax.title
+        if title.get_text():
+            for other in texts(fig):
+                if other is not title and other.axes is ax and other not in labels and \
+                        other.get_window_extent(renderer).overlaps(title.get_window_extent(renderer)):
+                    problems.append(f"{other.get_text()!r} overlaps the title {title.get_text()!r}")
+    assert not problems, "\n".join(problems)
