@@ -1,7 +1,10 @@
+import math
+
 import pytest
 import yaml
 
 import labkit
+from labkit import config
 from labkit.config import baseline, load_config, save_config
 from labkit.errors import ConfigError
 
@@ -137,3 +140,45 @@ def test_malformed_yaml_is_a_clear_error(tmp_path):
     path.write_text("batch_size: [32\n")
     with pytest.raises(ConfigError, match=r"broken.yaml=.* is not allowed: valid YAML"):
         load_config(path)
+
+
+# The profile's workload
+
+
+def test_ci_and_quick_keep_the_small_offline_workload():
+    for name in ("ci", "quick"):
+        assert config.workload(labkit.profile(name)) == config.SMALL_WORKLOAD
+    cfg = baseline(labkit.profile("ci"))
+    assert (cfg.model, cfg.dataset, cfg.image_size, cfg.batch_size) == ("small_cnn", "shapes10", None, 64)
+
+
+def test_full_fine_tunes_a_pretrained_resnet_on_upsampled_cifar10_when_online(monkeypatch):
+    monkeypatch.setenv("LABKIT_OFFLINE", "0")
+    cfg = baseline(labkit.profile("full"))
+    assert (cfg.model, cfg.dataset, cfg.image_size, cfg.batch_size) == ("resnet18", "cifar10", 128, 128)
+    assert cfg.pretrained and cfg.max_steps == labkit.profile("full").max_steps
+
+
+def test_full_offline_falls_back_to_the_small_workload_loudly(capsys):
+    cfg = baseline(labkit.profile("full"))  # the tests run with LABKIT_OFFLINE=1
+    assert (cfg.model, cfg.dataset, cfg.image_size) == ("small_cnn", "shapes10", None)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert printed.startswith("labkit note: WARNING: the full profile's workload (resnet18 on cifar10 at 128x128) "
+                              "needs the network")
+    assert "bound by kernel launches" in printed
+
+
+def test_image_size_is_validated():
+    with pytest.raises(ConfigError, match=r"image_size=8 is not allowed: None \(the dataset's own size\) or an "
+                                          r"integer >= 16"):
+        labkit.RunConfig(image_size=8)
+
+
+def test_the_full_workload_runs_on_the_cpu_at_reduced_size():
+    # ResNet-18 fine-tuned on upsampled images, as at `full`, on 32 images at 64x64 instead of CIFAR-10 at 128.
+    small = labkit.RunConfig(model="resnet18", dataset="shapes10", batch_size=8, max_steps=4, train_size=32,
+                             pretrained=False, evaluate=False, device="cpu")
+    native = labkit.fit(small, progress=False)
+    upsampled = labkit.fit(small.replace(image_size=64), progress=False)
+    assert upsampled.flops_per_step / native.flops_per_step == pytest.approx(4.0, rel=0.15)  # 2x the side
+    assert all(math.isfinite(loss) for loss in upsampled.losses)

@@ -253,3 +253,14 @@ def test_cifar10_offline_never_tries_the_network(tmp_path, monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", no_network)
     with pytest.raises(DatasetUnavailableError, match=r"LABKIT_OFFLINE is set.*shapes10"):
         data.load_splits("cifar10", 10, 10, 10, root=tmp_path / "offline", download=True)
+
+
+def test_to_model_input_resizes_on_the_device(shapes):
+    split = shapes["train"]
+    x = data.to_model_input(split.images[:4], split, "cpu", size=64)
+    assert x.shape == (4, 3, 64, 64) and x.dtype == torch.float32
+    assert data.to_model_input(split.images[:4], split, "cpu").shape == (4, 3, 32, 32)
+    # bilinear: a constant image stays constant
+    flat = torch.full((1, 3, 32, 32), 128, dtype=torch.uint8)
+    up = data.to_model_input(flat, split, "cpu", size=48)
+    assert torch.allclose(up, up[..., :1, :1].expand_as(up))

@@ -1,5 +1,8 @@
+import importlib
 import json
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,5 +155,23 @@ def test_cpu_report_says_whether_fp16_is_native():
 
 def test_profiles_have_batch_sizes_and_sweep_epochs():
     assert [(p.batch_sizes, p.sweep_epochs) for p in (labkit.profile(n) for n in ("ci", "quick", "full"))] == [
-        ((8, 16, 32, 64), 1), ((8, 16, 32, 64, 128, 256), 2), ((8, 16, 32, 64, 128, 256), 3)]
+        ((8, 16, 32, 64), 1), ((8, 16, 32, 64, 128, 256), 2), ((8, 16, 32, 64, 128, 256), 2)]
     assert labkit.env_report()["profile"] == "ci"
+
+
+@pytest.mark.parametrize("version, ok", [("2.4.1+cu121", False), ("1.13.0", False), ("2.5.0", True),
+                                         ("2.14.1+cu130", True), ("3.0.0a0", True)])
+def test_the_torch_floor_is_what_labkit_uses(version, ok):
+    if ok:
+        env.check_torch(version)
+    else:
+        with pytest.raises(ImportError, match=r"labkit needs torch 2\.5 or newer .* this is torch " + re.escape(version)):
+            env.check_torch(version)
+    assert hasattr(torch, "OutOfMemoryError")
+    importlib.import_module("torch.distributed._tools.mem_tracker")
+
+
+def test_pyproject_floor_matches_min_torch():
+    tomllib = pytest.importorskip("tomllib")
+    deps = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"torch>={env.MIN_TORCH[0]}.{env.MIN_TORCH[1]}" in deps

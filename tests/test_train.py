@@ -1,4 +1,5 @@
 import contextlib
+import dataclasses
 import json
 
 import pytest
@@ -205,3 +206,33 @@ def test_trainer_checkpoints_the_models_blocks_when_asked(tiny_cfg):
     assert checkpointed.model.labkit_checkpoint_segments == [["stem", "block1"], ["block2", "block3"]]
     images, labels = next(iter(plain.loader))
     assert torch.equal(plain.step(images, labels), checkpointed.step(images, labels))
+
+
+@pytest.fixture
+def emulated_limit(monkeypatch):
+    """The ci profile with a limit of 4 steps for runs the device can only emulate."""
+    monkeypatch.setitem(labkit.env.PROFILES, "ci", dataclasses.replace(labkit.env.PROFILES["ci"], emulated_steps=4))
+
+
+@pytest.mark.parametrize("steps, epochs", [(8, None), (None, 2)])
+def test_an_emulated_run_trains_fewer_steps_and_says_so(tiny_cfg, monkeypatch, capsys, emulated_limit, steps, epochs):
+    from labkit.techniques import precision
+
+    monkeypatch.setattr(precision, "cpu_fp16_native", lambda: False)  # an AVX2-only laptop
+    cfg = tiny_cfg.replace(precision="fp16", max_steps=steps, epochs=epochs or 1, evaluate=False)
+    res = labkit.fit(cfg, progress=False)
+    planned = 8 if steps else 2 * (tiny_cfg.train_size // tiny_cfg.batch_size)
+    assert (res.steps, res.planned_steps, res.timed_steps) == (4, planned, 1)  # 1 warm-up + 2 profiling + 1 timed
+    assert len(res.losses) == 4
+    assert f"fp16 is emulated here, so this run trained 4 of its {planned} steps" in " ".join(res.warnings)
+    assert f"trained 4 of its {planned} steps" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_native_precision_is_never_cut(tiny_cfg, monkeypatch, emulated_limit):
+    from labkit.techniques import precision
+
+    monkeypatch.setattr(precision, "cpu_bf16_native", lambda: True)
+    res = labkit.fit(tiny_cfg.replace(precision="bf16", max_steps=8, evaluate=False), progress=False)
+    assert (res.steps, res.planned_steps) == (8, None)
+    res = labkit.fit(tiny_cfg.replace(max_steps=8, evaluate=False), progress=False)  # fp32
+    assert (res.steps, res.planned_steps) == (8, None)

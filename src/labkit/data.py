@@ -453,7 +453,8 @@ def _normalisation(mean: tuple, std: tuple, device: torch.device) -> tuple[torch
     return scale.to(device), shift.to(device)
 
 
-def to_model_input(images: torch.Tensor, data: ImageData, device, channels_last: bool = False) -> torch.Tensor:
+def to_model_input(images: torch.Tensor, data: ImageData, device, channels_last: bool = False,
+                   size: int | None = None) -> torch.Tensor:
     """uint8 images -> float32, scaled to [0, 1] and normalised by ``data.mean``/``data.std``, on ``device``.
 
     The uint8 batch is copied to the device first (4x fewer bytes than float32) and converted there.
@@ -463,6 +464,8 @@ def to_model_input(images: torch.Tensor, data: ImageData, device, channels_last:
         data: the split they came from (for mean and std).
         device: where the model runs (``torch.device`` or a string like ``"cuda"``).
         channels_last: return the channels_last memory format (faster convolutions with tensor cores).
+        size: resize to ``size`` x ``size`` on the device (bilinear), e.g. 32x32 CIFAR-10 to 128x128 for an
+            ImageNet-pretrained ResNet; None keeps the images' own size.
 
     Example:
         >>> x = to_model_input(images, splits["train"], "cpu")
@@ -474,6 +477,8 @@ def to_model_input(images: torch.Tensor, data: ImageData, device, channels_last:
     device = torch.device(device)
     scale, shift = _normalisation(tuple(data.mean), tuple(data.std), device)
     x = images.to(device, non_blocking=True).float().mul_(scale).sub_(shift)
+    if size is not None and tuple(x.shape[-2:]) != (size, size):
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     return x

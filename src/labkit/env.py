@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform as _platform
+import re
 import sys
 from dataclasses import asdict, dataclass
 
@@ -13,8 +14,30 @@ from .errors import ConfigError
 from .messages import note
 from .project import __version__
 
+# The oldest torch with what labkit uses: torch.OutOfMemoryError and torch.distributed._tools.mem_tracker
+# (both 2.5). pyproject.toml's floor is the same.
+MIN_TORCH = (2, 5)
 PROFILE_ENV = "LABKIT_PROFILE"
 OFFLINE_ENV = "LABKIT_OFFLINE"
+
+
+def check_torch(version: str) -> None:
+    """Raise ImportError when torch ``version`` is older than `MIN_TORCH`, saying what to do.
+
+    Example:
+        >>> check_torch("2.4.1+cu121")
+        Traceback (most recent call last):
+        ImportError: labkit needs torch 2.5 or newer ...
+    """
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match and (int(match[1]), int(match[2])) < MIN_TORCH:
+        raise ImportError(
+            f"labkit needs torch {MIN_TORCH[0]}.{MIN_TORCH[1]} or newer (torch.OutOfMemoryError and the memory "
+            f"tracker torch.distributed._tools.mem_tracker), and this is torch {version}. Upgrade torch "
+            f"(`pip install -U torch torchvision`), or use a newer Colab/Kaggle image.")
+
+
+check_torch(torch.__version__)
 
 
 @dataclass(frozen=True)
@@ -30,6 +53,14 @@ class Profile:
         batch_sizes: the batch sizes notebook 02 sweeps (`labkit.labs.batch_size.batch_sweep`).
         sweep_epochs: epochs of each run in that sweep. Runs there are epoch-based, so that every batch
             size sees the same data and a larger batch takes fewer, larger steps.
+        emulated_steps: the most optimizer steps of a run whose precision the device can only emulate
+            (fp16/bf16 on a CPU without the instructions is 10-20x slower than fp32): its step time and
+            memory are measured as usual, over fewer steps, so that a notebook keeps its time budget;
+            the run records and says that it was cut.
+        model, dataset, image_size, batch_size: the workload of the notebooks' main experiments
+            (`labkit.config.baseline`). ``ci`` and ``quick`` fine-tune the small ``small_cnn`` on 32x32
+            ``shapes10``, which runs offline in seconds; ``full`` fine-tunes an ImageNet-pretrained ResNet-18
+            on CIFAR-10 upsampled to ``image_size``, where a T4 is busy and the techniques' effects show.
     """
 
     name: str
@@ -41,6 +72,11 @@ class Profile:
     repeats: int
     batch_sizes: tuple[int, ...]
     sweep_epochs: int
+    emulated_steps: int
+    model: str = "small_cnn"
+    dataset: str = "shapes10"
+    image_size: int | None = None
+    batch_size: int = 64
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -48,11 +84,14 @@ class Profile:
 
 PROFILES = {
     "ci": Profile("ci", train_size=512, val_size=128, test_size=256, max_steps=16, warmup_steps=1, repeats=5,
-                  batch_sizes=(8, 16, 32, 64), sweep_epochs=1),
+                  batch_sizes=(8, 16, 32, 64), sweep_epochs=1, emulated_steps=16),
     "quick": Profile("quick", train_size=4096, val_size=512, test_size=1024, max_steps=160, warmup_steps=3,
-                     repeats=20, batch_sizes=(8, 16, 32, 64, 128, 256), sweep_epochs=2),
-    "full": Profile("full", train_size=20000, val_size=2000, test_size=5000, max_steps=800, warmup_steps=5,
-                    repeats=50, batch_sizes=(8, 16, 32, 64, 128, 256), sweep_epochs=3),
+                     repeats=20, batch_sizes=(8, 16, 32, 64, 128, 256), sweep_epochs=2, emulated_steps=40),
+    # Sized for a T4 from FLOP counts and NVIDIA's published T4 throughput (benchmarks/size_full_workload.py):
+    # a ResNet-18 step at 128x128 and batch 128 is about 0.4 TFLOP, 0.13 s in fp32 and 0.05 s in fp16.
+    "full": Profile("full", train_size=10000, val_size=2000, test_size=5000, max_steps=300, warmup_steps=5,
+                    repeats=50, batch_sizes=(8, 16, 32, 64, 128, 256), sweep_epochs=2, emulated_steps=150,
+                    model="resnet18", dataset="cifar10", image_size=128, batch_size=128),
 }
 
 

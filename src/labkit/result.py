@@ -18,6 +18,8 @@ class RunResult:
 
     Attributes:
         config: the `RunConfig` as a dict; env: the `labkit.env_report()` dict.
+        steps: optimizer steps trained; planned_steps: the steps the config asked for when the run was
+            cut short because its precision is emulated here (`Profile.emulated_steps`), else None.
         step_time_s: median time of one optimizer step over the timed steps (warm-up excluded).
         step_time_p10_s, step_time_p90_s: spread of the timed steps; step_times_s: all of them.
         throughput: samples per second, batch_size / step_time_s.
@@ -41,6 +43,7 @@ class RunResult:
     precision_used: str = "fp32"
     tf32: bool = False
     steps: int = 0
+    planned_steps: int | None = None
     timed_steps: int = 0
     step_time_s: float = math.nan
     step_time_p10_s: float = math.nan

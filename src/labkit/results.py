@@ -27,7 +27,7 @@ from .train import fit
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
 METRIC_COLUMNS = (
-    "precision_used", "steps", "timed_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s", "throughput",
+    "precision_used", "steps", "planned_steps", "timed_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s", "throughput",
     "train_time_s", "peak_memory_bytes", "reserved_memory_bytes", "accuracy", "flops_per_step", "achieved_flops",
     "peak_flops", "mfu", "model_size_bytes", "num_params", "num_trainable_params", "weights",
 )

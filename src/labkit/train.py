@@ -72,7 +72,7 @@ def evaluate(model: torch.nn.Module, split: data.ImageData, cfg: RunConfig, devi
     correct = 0
     loader = data.make_loader(split, batch_size=max(cfg.batch_size, 256), shuffle=False)
     for images, labels in loader:
-        x = data.to_model_input(images, split, device, cfg.channels_last)
+        x = data.to_model_input(images, split, device, cfg.channels_last, cfg.image_size)
         with autocast(precision, device):
             logits = model(x)
         correct += (logits.argmax(dim=1).cpu() == labels).sum().item()
@@ -148,7 +148,7 @@ class Trainer:
         all-reduce on all but the last micro-batch (`labkit.techniques.accumulation.sync_context`).
         """
         cfg, device = self.cfg, self.device
-        x = data.to_model_input(images, self.train_split, device, cfg.channels_last)
+        x = data.to_model_input(images, self.train_split, device, cfg.channels_last, cfg.image_size)
         y = labels.to(device, non_blocking=True)
         step_loss = torch.zeros((), device=device)
         last = cfg.grad_accum - 1
@@ -188,8 +188,15 @@ class Trainer:
     def run(self, on_step: Callable[[int, int], None] | None = None, progress: bool = True) -> RunResult:
         """Train and measure; see `fit`."""
         cfg, device, prof = self.cfg, self.device, self.profile
-        steps = total_steps(cfg, len(self.loader))
+        steps = planned = total_steps(cfg, len(self.loader))
         untimed = prof.warmup_steps + PROFILING_STEPS
+        if self.precision.emulated and steps > max(prof.emulated_steps, untimed + 1):
+            steps = max(prof.emulated_steps, untimed + 1)
+            cut = (f"{self.precision.name} is emulated here, so this run trained {steps} of its {planned} steps "
+                   f"(the {prof.name} profile's limit for emulated runs, to keep the notebook's time); its step "
+                   f"time and memory are measured as usual, its accuracy is after {steps} steps")
+            note(cut)
+            self.warnings.append(cut)
         if steps <= untimed:
             field = "max_steps" if cfg.max_steps is not None else "epochs"
             raise ConfigError(field, getattr(cfg, field),
@@ -233,7 +240,9 @@ class Trainer:
         measure.synchronize(device)
         train_time_s = time.perf_counter() - start_wall
         bar.close()
-        return self._result(steps, timer.times_s(), losses.cpu().tolist(), flops, breakdown, train_time_s)
+        result = self._result(steps, timer.times_s(), losses.cpu().tolist(), flops, breakdown, train_time_s)
+        result.planned_steps = planned if planned != steps else None
+        return result
 
     def _result(self, steps, times, losses, flops, breakdown, train_time_s) -> RunResult:
         cfg, device = self.cfg, self.device

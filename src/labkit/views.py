@@ -44,7 +44,7 @@ class History:
 
     Example:
         >>> ExperimentPanel(labkit.results.cached_fit, {"precision": ["fp32", "bf16"]},
-        ...                 show=plots.History(("step_time_s", "peak_memory_bytes")))
+        ...                 show=views.History(("step_time_s", "peak_memory_bytes")))
     """
 
     def __init__(self, metrics=("step_time_s", "peak_memory_bytes"), max_runs: int = 8):
@@ -63,9 +63,10 @@ class History:
         else:
             print(headline(result))
         frame = pd.DataFrame([to_row(r) for r in self.runs])
-        frame["run"] = run_names(list(label_runs(list(self.runs))))
-        if list(frame["run"]) != list(label_runs(list(self.runs))):  # numbered: say what each number ran
-            for name, label in zip(frame["run"], label_runs(list(self.runs)), strict=True):
+        labels = list(label_runs(list(self.runs)))
+        frame["run"] = run_names(labels)
+        if list(frame["run"]) != labels:  # numbered: say what each number ran
+            for name, label in zip(frame["run"], labels, strict=True):
                 print(f"{name}: {label}")
         fig, axes = grid(len(self.metrics))
         for ax, column in zip(axes, self.metrics, strict=True):
@@ -80,7 +81,7 @@ def run_overview(result) -> None:
     """One run at a glance, for a panel's ``show``: its headline numbers, loss curve and memory breakdown.
 
     Example:
-        >>> ExperimentPanel(labkit.fit, {"batch_size": (16, 256, 16)}, show=plots.run_overview)
+        >>> ExperimentPanel(labkit.fit, {"batch_size": (16, 256, 16)}, show=views.run_overview)
     """
     if getattr(result, "error", None):
         print(f"run failed: {result.error}")

@@ -18,6 +18,7 @@ from IPython.display import display
 
 from .config import RunConfig, check_keys
 from .errors import ConfigError, LabkitError
+from .estimates import estimate_run
 from .validate import is_number
 
 _WIDE = {"description_width": "initial"}
@@ -90,9 +91,12 @@ class ExperimentPanel:
         show: ``show(result)`` draws the result into the output area (default: ``display(result)``).
             Matplotlib figures it leaves open are displayed and closed after it returns.
         title: a heading above the controls.
+        estimate: ``estimate(cfg) -> text or None``, shown above Run whenever a control changes (default
+            `labkit.estimates.estimate_run`: "about 40 s", from runs already finished on this machine, so
+            a slow choice such as fp16 emulated on a CPU is known before it is pressed); None: no line.
 
     Attributes:
-        controls (field -> widget), button, progress, status, output, widget (the whole panel);
+        controls (field -> widget), button, progress, status, estimate_line, output, widget (the whole panel);
         running, last_result (of the last successful run), last_error (of the last run, or None).
 
     Example:
@@ -103,7 +107,7 @@ class ExperimentPanel:
     """
 
     def __init__(self, run, controls: dict, base: RunConfig | None = None, show=None, title: str | None = None,
-                 options: dict | None = None):
+                 options: dict | None = None, estimate=estimate_run):
         if not callable(run):
             raise ConfigError("run", run, "a callable run(cfg) -> result, e.g. labkit.fit")
         if not isinstance(controls, dict) or not controls:
@@ -126,6 +130,10 @@ class ExperimentPanel:
         self.button = widgets.Button(description="Run", button_style="primary", tooltip="Train with these settings")
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="progress", style=_WIDE)
         self.status = widgets.HTML(value="Set the controls and press <b>Run</b>.")
+        if estimate is not None and not callable(estimate):
+            raise ConfigError("estimate", estimate, "None or a callable estimate(cfg) -> text or None")
+        self.estimate = estimate
+        self.estimate_line = widgets.HTML(value="")
         self.output = widgets.Output()
         self.running = False
         self.last_result = None
@@ -135,12 +143,26 @@ class ExperimentPanel:
         self.widget = widgets.VBox(header + [
             widgets.HBox([*self.controls.values(), *self.options.values()],
                          layout=widgets.Layout(flex_flow="row wrap")),
+            self.estimate_line,
             widgets.HBox([self.button, self.progress]),
             self.status,
             self.output,
         ])
         self._passes_on_step = _accepts_keyword(run, "on_step")
         self._passes_progress = _accepts_keyword(run, "progress")
+        for control in self.controls.values():
+            control.observe(lambda _change: self.update_estimate(), names="value")
+        self.update_estimate()
+
+    def update_estimate(self) -> None:
+        """Show how long Run will take with the current settings (nothing when it cannot be told)."""
+        if self.estimate is None:
+            return
+        try:
+            text = self.estimate(self.config())
+        except (LabkitError, OSError, ValueError, KeyError):  # a bad combination: Run will say why
+            text = None
+        self.estimate_line.value = "" if text is None else f"<i>{html.escape(str(text))}</i>"
 
     def config(self) -> RunConfig:
         """``base`` with the controls' current values applied (validated: may raise `ConfigError`)."""
@@ -185,6 +207,7 @@ class ExperimentPanel:
                 _display_new_figures(figures_before)
             self.last_result = result
             self.progress.value = self.progress.max
+            self.update_estimate()  # this run is cached now
             self.status.value = (f"Done in {time.perf_counter() - start:.1f} s ({html.escape(changed)})."
                                  + _notes_html(result))
         except Exception as error:  # shown in the panel: ipywidgets would swallow it

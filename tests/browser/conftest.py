@@ -29,7 +29,13 @@ def chromium_path():
 
 @pytest.fixture(scope="session")
 def browser(chromium_path):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (labkit's dev extra)")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        message = "the browser test needs Playwright's Python client: pip install -e '.[dev]'"
+        if REQUIRED:
+            pytest.fail(f"{message} (LABKIT_REQUIRE_BROWSER=1)")
+        pytest.skip(f"SKIPPED LOUDLY: {message}")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path, args=CHROMIUM_FLAGS)
         yield browser

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -126,6 +127,7 @@ class PanelRun:
     seconds: float = 0.0
     images: int = 0
     notes: list[str] = field(default_factory=list)
+    estimate: str | None = None
 
 
 # Reads every code cell's prompt and outputs in one round trip.
@@ -214,6 +216,8 @@ class NotebookPage:
                 "([el, before]) => el.textContent !== before",
                 arg=[slider.locator(".widget-readout").first.element_handle(), before], timeout=10_000)
             run.slider_value = slider.locator(".widget-readout").first.text_content().strip()
+        estimate_line = panel.locator(".widget-html", has_text=re.compile("Estimated time|Cached"))
+        estimate_before = estimate_line.first.inner_text() if estimate_line.count() else None
         dropdowns = panel.locator(".widget-dropdown")
         if dropdown is not None:
             dropdowns = dropdowns.filter(has=self.page.locator(".widget-label", has_text=dropdown))
@@ -224,6 +228,10 @@ class NotebookPage:
             option = select.locator("option").nth(dropdown_option)
             run.dropdown_value = option.text_content()
             select.select_option(label=run.dropdown_value)
+        if estimate_before is not None:  # the kernel redraws the estimate for the new settings: let it settle
+            self._wait_until_stable(lambda: estimate_line.first.inner_text(), settle_s=1.5, timeout_s=10)
+        estimates = estimate_line.all_inner_texts()
+        run.estimate = estimates[0] if estimates else None
         status = panel.locator(".widget-html").last
         before = status.inner_text()
         start = time.monotonic()
@@ -241,6 +249,18 @@ class NotebookPage:
             shot.parent.mkdir(parents=True, exist_ok=True)
             panel.screenshot(path=str(shot))
         return run
+
+    @staticmethod
+    def _wait_until_stable(read, settle_s: float, timeout_s: float) -> str:
+        """Poll ``read()`` until it has not changed for ``settle_s`` (or ``timeout_s`` passed); return it."""
+        deadline = time.monotonic() + timeout_s
+        value, since = read(), time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - since < settle_s:
+            time.sleep(0.2)
+            current = read()
+            if current != value:
+                value, since = current, time.monotonic()
+        return value
 
     def log_console_messages(self) -> list[str]:
         """What landed in JupyterLab's log console (output a widget callback printed outside any output

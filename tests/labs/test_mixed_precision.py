@@ -88,6 +88,14 @@ def test_summary_states_ratios_and_savings():
     assert mixed_precision.summary(_frame([_row("bf16", 0.02, MiB)])) == "No successful fp32 run to compare against."
 
 
+def test_summary_says_when_an_emulated_runs_accuracy_comes_from_fewer_steps():
+    MiB = 2**20
+    df = _frame([_row("fp32", 0.040, 40 * MiB, 0.70, steps=160, planned_steps=None),
+                 _row("fp16 + GradScaler", 0.600, 30 * MiB, 0.41, steps=40, planned_steps=160)])
+    assert mixed_precision.summary(df).endswith(
+        "accuracy 41.0% vs 70.0% (after 40 of 160 steps: emulated here, so cut short).")
+
+
 def test_tf32_finding_depends_on_the_device():
     df = _frame([_row("fp32", 0.040, 1), _row("fp32 + TF32", 0.020, 1)])
     assert "on this CPU both fp32 runs did the same work" in mixed_precision.tf32_finding(df, {"device": "cpu"})

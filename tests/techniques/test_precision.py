@@ -30,6 +30,9 @@ def test_bf16_without_native_support_warns():
     p100 = resolve_precision("bf16", CUDA, (6, 0))
     assert "no tensor cores either, so fp32" in p100.warning
     assert resolve_precision("bf16", CUDA, (8, 0)).warning is None
+    # emulated: the run is cut to the profile's emulated_steps (a T4's bf16), a P100's fp16 is real arithmetic
+    assert p.emulated and p100.emulated and not resolve_precision("bf16", CUDA, (8, 0)).emulated
+    assert not resolve_precision("fp16", CUDA, (6, 0)).emulated
 
 
 def test_fp16_without_tensor_cores_warns():
@@ -52,10 +55,11 @@ def test_cpu_low_precision_without_instructions_warns(monkeypatch, name, flag):
     p = resolve_precision(name, CPU)
     assert p.name == name  # runs as asked (emulated), not as fp32
     assert p.warning.startswith(f"{name} on this CPU is emulated") and "slower than fp32" in p.warning
+    assert p.emulated
     monkeypatch.setattr(precision, flag, lambda: True)
-    assert resolve_precision(name, CPU).warning is None
+    assert resolve_precision(name, CPU).warning is None and not resolve_precision(name, CPU).emulated
     monkeypatch.setattr(precision, flag, lambda: None)  # cannot tell (not Linux): no claim either way
-    assert resolve_precision(name, CPU).warning is None
+    assert resolve_precision(name, CPU).warning is None and not resolve_precision(name, CPU).emulated
 
 
 def test_fp16_on_cpu_warning_reaches_the_result_and_a_note(monkeypatch, tiny_cfg, capsys):

@@ -91,7 +91,7 @@ def _accumulation_gap(cfg: RunConfig, accum_steps: int, batchnorm: str) -> Accum
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.train(batchnorm == "train")
-    x = data.to_model_input(split.images[:cfg.batch_size], split, device)
+    x = data.to_model_input(split.images[:cfg.batch_size], split, device, size=cfg.image_size)
     y = split.labels[:cfg.batch_size].to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}  # BatchNorm's running statistics too
     params = [p for p in model.parameters() if p.requires_grad]
@@ -173,7 +173,7 @@ class _InferenceTimer:
         device, test, model, precision = self._ready
         prof = profile()
         batch = min(batch_size, len(test))
-        x = data.to_model_input(test.images[:batch], test, device, self.cfg.channels_last)
+        x = data.to_model_input(test.images[:batch], test, device, self.cfg.channels_last, self.cfg.image_size)
         with autocast(precision, device):
             latency = measure.measure_latency(model, x, warmup=max(1, prof.warmup_steps), repeats=prof.repeats)
         batches = math.ceil(len(test) / batch)
@@ -399,7 +399,7 @@ def lr_scaling_finding(df) -> str:
     return "\n".join(lines)
 
 
-def run_with_lr_scaling(cfg: RunConfig, lr_scaling: bool | str = False, base_batch_size: int = 64, on_step=None,
+def run_with_lr_scaling(cfg: RunConfig, lr_scaling: bool | str = False, base_batch_size: int | None = None, on_step=None,
                         refresh: bool = False, progress: bool = True):
     """`labkit.results.cached_fit` with ``cfg.lr`` scaled from ``base_batch_size`` when ``lr_scaling`` is set.
 
@@ -407,12 +407,14 @@ def run_with_lr_scaling(cfg: RunConfig, lr_scaling: bool | str = False, base_bat
 
     Args:
         lr_scaling: False (lr as given), True or ``"linear"``, or ``"sqrt"`` (see `scale_lr`).
-        base_batch_size: the batch size ``cfg.lr`` was tuned for (notebook 00's baseline: 64).
+        base_batch_size: the batch size ``cfg.lr`` was tuned for (default: the profile's workload batch size,
+            the baseline's).
 
     Example:
         >>> res = run_with_lr_scaling(cfg.replace(batch_size=256), lr_scaling="linear")   # lr x4
     """
     if lr_scaling is not False:
+        base_batch_size = profile().batch_size if base_batch_size is None else base_batch_size
         cfg = scale_lr(cfg, base_batch_size, rule="linear" if lr_scaling is True else lr_scaling)
     return results.cached_fit(cfg, refresh=refresh, progress=progress, on_step=on_step)
 

@@ -128,7 +128,7 @@ def checkpoint_tradeoff(cfg: RunConfig, segments: Iterable[int] | None = None, r
     images, _ = next(iter(trainer.loader))
     with autocast(trainer.precision, trainer.device):
         block_profile = _profile_blocks(trainer.model, data.to_model_input(
-            images, trainer.train_split, trainer.device, cfg.channels_last))
+            images, trainer.train_split, trainer.device, cfg.channels_last, cfg.image_size))
     predicted_base = _predicted_activations(block_profile, names, [])
     rule = round(math.sqrt(len(names)))
     rows = []

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .. import data, results, train
 from ..env import has_tensor_cores, native_bf16
-from ..messages import worded
+from ..messages import note, worded
 from ..techniques.precision import DTYPES, Precision, autocast
 from ..units import MIB, change_between
 
@@ -51,7 +51,8 @@ def formats() -> pd.DataFrame:
 
 def _first_batch(trainer):
     images, labels = next(iter(trainer.loader))
-    x = data.to_model_input(images, trainer.train_split, trainer.device, trainer.cfg.channels_last)
+    x = data.to_model_input(images, trainer.train_split, trainer.device, trainer.cfg.channels_last,
+                             trainer.cfg.image_size)
     return x, labels.to(trainer.device)
 
 
@@ -131,6 +132,10 @@ def scaler_trace(cfg, steps: int | None = None, init_scale: float = 2.0**16, gro
     trainer.scaler = torch.amp.GradScaler(trainer.device.type, init_scale=init_scale,
                                           growth_interval=growth_interval)
     steps = steps or cfg.max_steps or len(trainer.loader)
+    if trainer.precision.emulated and steps > trainer.profile.emulated_steps:
+        note(f"fp16 is emulated here, so the scaler trace covers {trainer.profile.emulated_steps} of {steps} steps "
+             f"(the {trainer.profile.name} profile's limit for emulated runs)")
+        steps = trainer.profile.emulated_steps
     rows = []
     for step, (images, labels) in enumerate(trainer.batches(steps), start=1):
         scale = trainer.scaler.get_scale()  # reading it synchronises: fine here, nothing is timed
@@ -296,6 +301,9 @@ def summary(df, env: dict | None = None) -> str:
         acc = ""
         if row.get("accuracy") is not None and base.get("accuracy") is not None:
             acc = f"; accuracy {row['accuracy']:.1%} vs {base['accuracy']:.1%}"
+            planned = row.get("planned_steps")
+            if planned is not None and not pd.isna(planned):
+                acc += f" (after {int(row['steps'])} of {int(planned)} steps: emulated here, so cut short)"
         lines.append(f"{label}: {_ratio_phrase(speed)} ({row['step_time_s'] * 1e3:.1f} vs "
                      f"{base['step_time_s'] * 1e3:.1f} ms per step); peak memory {row['peak_memory_bytes'] / MIB:.1f} "
                      f"vs {base['peak_memory_bytes'] / MIB:.1f} MiB ({change_between(row['peak_memory_bytes'], base['peak_memory_bytes'])})"

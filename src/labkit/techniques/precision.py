@@ -19,11 +19,14 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 @dataclass(frozen=True)
 class Precision:
-    """What a run will use. ``requested`` is the config value, ``name`` what it resolved to."""
+    """What a run will use. ``requested`` is the config value, ``name`` what it resolved to; ``emulated``:
+    the device has no arithmetic for it (fp16/bf16 on a CPU without the instructions, bf16 before
+    Ampere), so it runs by conversion, many times slower."""
 
     requested: str
     name: str
     warning: str | None = None
+    emulated: bool = False
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -58,7 +61,7 @@ def resolve_precision(requested: str, device: torch.device, capability: tuple[in
         major, minor = capability
         advice = ("fp16 with a GradScaler is the fast choice here" if has_tensor_cores(capability)
                   else "this GPU has no tensor cores either, so fp32 is usually the fastest here")
-        return Precision(requested, "bf16", warning=(
+        return Precision(requested, "bf16", emulated=True, warning=(
             f"bf16 on a GPU of capability {major}.{minor} is emulated (native bf16 needs 8.0+, Ampere): "
             f"it runs, but slowly; {advice}"))
     if requested == "fp16" and on_gpu and not has_tensor_cores(capability):
@@ -68,7 +71,8 @@ def resolve_precision(requested: str, device: torch.device, capability: tuple[in
             "speed-up is uncertain: fp16 arithmetic may be faster on paper (a P100 has double-rate fp16), while "
             "autocast's casts and small kernels eat into it; measure against fp32"))
     if device.type == "cpu" and requested in DTYPES:
-        return Precision(requested, requested, warning=_cpu_warning(requested))
+        warning = _cpu_warning(requested)
+        return Precision(requested, requested, warning=warning, emulated=warning is not None)
     return Precision(requested, requested)
 
 
