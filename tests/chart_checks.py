@@ -18,7 +18,7 @@ def texts(fig):
 def assert_readable(fig, min_px: float = MIN_TEXT_PX) -> None:
     """Fail when any text of ``fig`` is smaller than ``min_px`` once the output area has scaled the figure
     to at most `FIGURE_WIDTH_IN`, lies (partly) outside the figure, or overlaps a neighbouring tick label
-    or its axes' title."""
+    or another text of its axes (title, annotations, axis labels)."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     width, height = fig.bbox.width, fig.bbox.height
@@ -40,10 +40,11 @@ def assert_readable(fig, min_px: float = MIN_TEXT_PX) -> None:
             for a, b in itertools.combinations(shown_labels, 2):
                 if a.get_window_extent(renderer).padded(-1).overlaps(b.get_window_extent(renderer).padded(-1)):
                     problems.append(f"tick labels {a.get_text()!r} and {b.get_text()!r} overlap")
-        title = ax.title
-        if title.get_text():
-            for other in texts(fig):
-                if other is not title and other.axes is ax and other not in labels and \
-                        other.get_window_extent(renderer).overlaps(title.get_window_extent(renderer)):
-                    problems.append(f"{other.get_text()!r} overlaps the title {title.get_text()!r}")
+        # the axes' own texts (title, annotations, axis labels): none on top of another
+        legend = ax.get_legend()
+        legend_texts = set(legend.get_texts()) if legend else set()
+        own = [t for t in texts(fig) if t.axes is ax and t not in labels and t not in legend_texts]
+        for a, b in itertools.combinations(own, 2):
+            if a.get_window_extent(renderer).padded(-1).overlaps(b.get_window_extent(renderer).padded(-1)):
+                problems.append(f"{a.get_text()!r} overlaps {b.get_text()!r}")
     assert not problems, "\n".join(problems)

@@ -189,7 +189,7 @@ def test_memory_breakdown_stacks_categories_in_order():
     assert [p.get_height() for p in fp32] == pytest.approx([1, 2, 3, 4, 5])
     assert [p.get_y() for p in fp32] == pytest.approx([0, 1, 3, 6, 10])
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == [c.replace("_", " ") for c in reversed(MEMORY_CATEGORIES)] + ["total peak"]
+    assert legend == [c.replace("_", " ") for c in reversed(MEMORY_CATEGORIES)] + ["total peak (MiB above)"]
     peak = next(line for line in ax.lines if line.get_label() == "total peak")
     assert list(peak.get_ydata()) == pytest.approx([12.0, 6.0])
     assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "bf16"]
@@ -309,9 +309,13 @@ def test_many_metrics_wrap_into_rows_no_wider_than_the_output_area(df, reference
 
 
 def test_memory_breakdown_with_long_labels_stays_readable():
+    # notebook 03's staged view: five bars, neighbouring peaks almost equal ("peak 29.3 MiB" ran into "peak 29.5 MiB")
     memory = {c: (i + 1) * MiB for i, c in enumerate(MEMORY_CATEGORIES)}
-    runs = {label: result("fp32", memory=memory, peak=12 * MiB) for label in LONG}
-    assert_readable(plots.memory_breakdown(runs).get_figure())
+    runs = {label: result("fp32", memory=memory, peak=peak * MiB) for label, peak
+            in zip(LONG, [31.1, 18.6, 29.3, 29.5, 16], strict=True)}
+    ax = plots.memory_breakdown(runs)
+    assert [t.get_text() for t in ax.texts] == ["31.1", "18.6", "29.3", "29.5", "16"]
+    assert_readable(ax.get_figure())
 
 
 def test_the_checker_catches_tiny_text_and_collisions():
@@ -321,3 +325,12 @@ def test_the_checker_catches_tiny_text_and_collisions():
     with pytest.raises(AssertionError, match="px tall when shown") as caught:
         assert_readable(fig)
     assert "overlap" in str(caught.value)
+
+
+def test_the_checker_catches_annotations_on_top_of_each_other():
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.bar([0, 1], [29.3, 29.5])
+    for x, y in ((0, 29.3), (1, 29.5)):
+        ax.annotate(f"peak {y} MiB of memory", (x, y), ha="center")
+    with pytest.raises(AssertionError, match="overlaps 'peak 29.5 MiB of memory'"):
+        assert_readable(fig)

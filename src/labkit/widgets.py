@@ -22,6 +22,7 @@ from .estimates import estimate_run
 from .validate import is_number
 
 _WIDE = {"description_width": "initial"}
+NO_ESTIMATE = "No time estimate yet: no run like this one has finished on this machine."
 CONTROL_KINDS = ("a list of values (dropdown), a (min, max, step) tuple of numbers (int or float slider) "
                  "or a bool (checkbox)")
 
@@ -161,8 +162,11 @@ class ExperimentPanel:
         try:
             text = self.estimate(self.config())
         except (LabkitError, OSError, ValueError, KeyError):  # a bad combination: Run will say why
-            text = None
-        self.estimate_line.value = "" if text is None else f"<i>{html.escape(str(text))}</i>"
+            self.estimate_line.value = ""
+            return
+        if text is None:
+            text = NO_ESTIMATE
+        self.estimate_line.value = f"<i>{html.escape(str(text))}</i>"
 
     def config(self) -> RunConfig:
         """``base`` with the controls' current values applied (validated: may raise `ConfigError`)."""

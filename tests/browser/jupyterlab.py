@@ -216,8 +216,6 @@ class NotebookPage:
                 "([el, before]) => el.textContent !== before",
                 arg=[slider.locator(".widget-readout").first.element_handle(), before], timeout=10_000)
             run.slider_value = slider.locator(".widget-readout").first.text_content().strip()
-        estimate_line = panel.locator(".widget-html", has_text=re.compile("Estimated time|Cached"))
-        estimate_before = estimate_line.first.inner_text() if estimate_line.count() else None
         dropdowns = panel.locator(".widget-dropdown")
         if dropdown is not None:
             dropdowns = dropdowns.filter(has=self.page.locator(".widget-label", has_text=dropdown))
@@ -228,10 +226,10 @@ class NotebookPage:
             option = select.locator("option").nth(dropdown_option)
             run.dropdown_value = option.text_content()
             select.select_option(label=run.dropdown_value)
-        if estimate_before is not None:  # the kernel redraws the estimate for the new settings: let it settle
-            self._wait_until_stable(lambda: estimate_line.first.inner_text(), settle_s=1.5, timeout_s=10)
-        estimates = estimate_line.all_inner_texts()
-        run.estimate = estimates[0] if estimates else None
+        # The kernel redraws the panel's estimate for the new settings: let the panel's texts settle.
+        texts = panel.locator(".widget-html")
+        self._wait_until_stable(lambda: "|".join(texts.all_inner_texts()), settle_s=1.5, timeout_s=10)
+        run.estimate = next((t for t in texts.all_inner_texts() if re.match(r"\s*(Estimated time|Cached|No time estimate)", t)), None)
         status = panel.locator(".widget-html").last
         before = status.inner_text()
         start = time.monotonic()
@@ -275,15 +273,42 @@ class NotebookPage:
         return [text.strip() for text in panel.locator(".jp-OutputArea-output").all_inner_texts() if text.strip()]
 
     def screenshot(self, path: Path) -> None:
-        """The whole notebook: the page is made as tall as the notebook, so nothing is cut at the fold."""
-        scroller = ("() => document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')"
-                    " || document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook')")
-        self.page.evaluate(f"() => {{ const n = ({scroller})(); n.scrollTop = 0; }}")
-        height = self.page.evaluate(f"() => ({scroller})().scrollHeight")
-        width = self.page.viewport_size["width"]
-        self.page.set_viewport_size({"width": width, "height": min(height + 200, 30_000)})
-        time.sleep(1)
-        self.page.evaluate(f"() => {{ const n = ({scroller})(); n.scrollTop = 0; }}")
+        """The whole notebook, as slices of what the window shows while scrolling down, stitched together:
+        cells are painted only near the window, so one picture of a very tall page comes out part blank."""
+        import io
+
+        from PIL import Image
+
+        scroller = ("(document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')"
+                    " || document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook'))")
+        x, y, width, height, total = self.page.evaluate(
+            f"() => {{ const n = {scroller}; const r = n.getBoundingClientRect(); "
+            f"return [r.x, r.y, r.width, r.height, n.scrollHeight]; }}")
+        canvas = Image.new("RGB", (int(width), int(total)), "white")
+        top = 0
+        while True:
+            shown = self.page.evaluate(f"() => {{ const n = {scroller}; n.scrollTop = {top}; return n.scrollTop; }}")
+            time.sleep(0.4)  # let the newly visible cells paint
+            png = self.page.screenshot(clip={"x": x, "y": y, "width": width, "height": height})
+            canvas.paste(Image.open(io.BytesIO(png)), (0, int(shown)))
+            if shown + height >= total:
+                break
+            top = shown + height
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(path))
-        self.page.set_viewport_size({"width": width, "height": 900})
+        canvas.save(path)
+
+
+def longest_blank_stretch_px(path: Path) -> int:
+    """The tallest run of blank (near-white) rows across the notebook's column of a screenshot: a picture
+    with part of the notebook unpainted has one far taller than the scroll-past-end space at the bottom."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(path).convert("L"))
+    width = pixels.shape[1]
+    blank = (pixels[:, width // 4: width * 9 // 10] > 250).all(axis=1)
+    longest = current = 0
+    for row_is_blank in blank:
+        current = current + 1 if row_is_blank else 0
+        longest = max(longest, current)
+    return longest

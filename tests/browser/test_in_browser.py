@@ -13,12 +13,15 @@ import time
 import pytest
 
 from .conftest import ARTIFACTS, NOTEBOOKS
-from .jupyterlab import NotebookPage
+from .jupyterlab import NotebookPage, longest_blank_stretch_px
 
 # Printed text wider than this wraps in JupyterLab's output area at the browser's 1280 px (about 125
 # monospace characters with the file browser closed), and JupyterLab breaks lines anywhere, mid-word too.
 MAX_LINE_CHARS = 110
 RUN_ALL_TIMEOUT_S = 900
+# JupyterLab leaves about 900 px of scroll-past-end space under the last cell; more blank than this is a
+# part of the notebook the picture missed.
+MAX_BLANK_PX = 1500
 PANEL_TIMEOUT_S = 300
 # The dropdown each panel's test changes when it is not the first: 00's first is the model, and a
 # shufflenet run costs a minute on CI's cores without showing anything the train-size change does not.
@@ -67,6 +70,7 @@ def test_notebook_in_jupyterlab(path, lab_server, page):
                 or run.dropdown_value in ("True", "False", "None") else repr(run.dropdown_value)
             assert f"{run.dropdown}={shown}" in run.status, (run.dropdown, run.dropdown_value, run.status)
         assert run.images >= 1, f"{path.name}: the panel run drew no chart: {run.status}"
+        assert run.estimate, f"{path.name}: the panel showed no time estimate before Run"
     logged = notebook.log_console_messages()
     assert not logged, f"{path.name}: output landed in JupyterLab's log console: {logged}"
     assert not notebook.console, f"{path.name}: browser console errors: {notebook.console}"
@@ -74,5 +78,7 @@ def test_notebook_in_jupyterlab(path, lab_server, page):
     shot = ARTIFACTS / f"{path.stem}.png"
     notebook.screenshot(shot)
     record["screenshot"] = str(shot)
+    blank = longest_blank_stretch_px(shot)
+    assert blank < MAX_BLANK_PX, f"{path.name}: the screenshot has {blank} px of unpainted notebook ({shot})"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / f"{path.stem}.json").write_text(json.dumps(record, indent=1))
