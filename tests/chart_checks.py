@@ -11,8 +11,24 @@ from labkit.plots import FIGURE_WIDTH_IN
 MIN_TEXT_PX = 11.0
 
 
+def drawn_tick_labels(axis) -> list:
+    """The tick labels matplotlib draws: a tick outside the axis' view keeps a label, never drawn."""
+    low, high = sorted(axis.get_view_interval())
+    span = (high - low) or 1.0
+    return [tick.label1 for tick in axis.get_major_ticks()
+            if low - 1e-9 * span <= tick.get_loc() <= high + 1e-9 * span and tick.label1.get_visible()
+            and tick.label1.get_text()]
+
+
 def texts(fig):
-    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    """Every text drawn on ``fig`` (tick labels only where their tick is in view)."""
+    hidden = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            shown = set(drawn_tick_labels(axis))
+            hidden |= {tick.label1 for tick in axis.get_major_ticks() + axis.get_minor_ticks()} - shown
+            hidden |= {tick.label2 for tick in axis.get_major_ticks() + axis.get_minor_ticks()}
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip() and t not in hidden]
 
 
 def assert_readable(fig, min_px: float = MIN_TEXT_PX) -> None:
@@ -34,8 +50,8 @@ def assert_readable(fig, min_px: float = MIN_TEXT_PX) -> None:
                             f"wide, {box.y0:.0f}..{box.y1:.0f} of {height:.0f} px high)")
     for ax in fig.axes:
         labels = []
-        for axis_labels in (ax.get_xticklabels(), ax.get_yticklabels()):
-            shown_labels = [t for t in axis_labels if t.get_visible() and t.get_text()]
+        for axis in (ax.xaxis, ax.yaxis):
+            shown_labels = drawn_tick_labels(axis)
             labels += shown_labels
             for a, b in itertools.combinations(shown_labels, 2):
                 if a.get_window_extent(renderer).padded(-1).overlaps(b.get_window_extent(renderer).padded(-1)):

@@ -1,4 +1,3 @@
-import importlib
 import json
 import re
 import warnings
@@ -101,6 +100,8 @@ def test_tf32_set_after_the_new_api_was_used_reads_consistently(restore_tf32):
 
 def fake_gpu(monkeypatch, capability, archs, name="Tesla P100-PCIE-16GB"):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "12.4")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability)
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: archs)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: name)
@@ -117,11 +118,27 @@ MODERN_BUILD = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120",
     ((8, 6), ["sm_70", "sm_90", "compute_90"], False),   # neither a binary nor PTX it can take
     ((8, 6), ["sm_70", "compute_80"], True),             # PTX for 8.0 is compiled for 8.6 at first use
     ((7, 5), [], True),                                  # a build that lists nothing: trusted
+    ((9, 0), ["sm_80", "sm_90a"], True),                 # suffixed names (sm_90a, sm_120f) count too
+    ((12, 0), ["sm_90", "sm_120f"], True),
+    ((10, 0), ["sm_90", "sm_120"], False),
 ])
 def test_gpu_architectures_are_checked_against_the_build(monkeypatch, capability, archs, usable):
     fake_gpu(monkeypatch, capability, archs)
     assert (env.cuda_arch_problem() is None) is usable
     assert env.cuda_usable() is usable
+
+
+def test_a_rocm_build_is_not_checked_against_cuda_names(monkeypatch):
+    fake_gpu(monkeypatch, (9, 0), ["gfx90a", "gfx942"], name="AMD Instinct MI300X")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert env.cuda_arch_problem() is None
+
+
+def test_a_gpu_index_that_does_not_exist_is_a_clear_error(monkeypatch):
+    fake_gpu(monkeypatch, (7, 5), MODERN_BUILD)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"device='cuda:3' is not allowed: 'auto', 'cpu' or 'cuda:N' with N < 1"):
+        env.resolve_device("cuda:3")
 
 
 def test_a_gpu_this_torch_cannot_run_on_falls_back_to_the_cpu_saying_why(monkeypatch, capsys):
@@ -167,8 +184,6 @@ def test_the_torch_floor_is_what_labkit_uses(version, ok):
     else:
         with pytest.raises(ImportError, match=r"labkit needs torch 2\.5 or newer .* this is torch " + re.escape(version)):
             env.check_torch(version)
-    assert hasattr(torch, "OutOfMemoryError")
-    importlib.import_module("torch.distributed._tools.mem_tracker")
 
 
 def test_pyproject_floor_matches_min_torch():

@@ -49,6 +49,14 @@ def test_an_emulated_basis_predicts_the_same_cut(tiny_cfg, empty_cache, monkeypa
     assert estimate.seconds == pytest.approx(res.train_time_s)  # 4 steps again, not 100
 
 
+def test_a_basis_must_cost_the_same_per_sample_and_cached_can_be_refused(tiny_cfg, empty_cache):
+    results.cached_fit(tiny_cfg, progress=False)
+    assert estimates.estimate_run(tiny_cfg.replace(image_size=64)) is None  # 4x the pixels: no basis
+    assert estimates.estimate_run(tiny_cfg.replace(grad_accum=2)) is None
+    again = estimates.estimate_run(tiny_cfg, cached=False)  # e.g. a panel whose lr rule changes the config
+    assert not again.cached and again.seconds > 0
+
+
 def test_format_seconds():
     assert estimates.format_seconds(42.4) == "42 s" and estimates.format_seconds(210) == "3.5 min"
 

@@ -267,6 +267,21 @@ def test_batch_search_plot_marks_probes_budget_and_answer():
     assert list(failed.get_ydata())[0] > 32  # out of memory, no peak: drawn above the budget
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "budget" in labels and "largest that fits: 48" in labels
+    assert sorted(t.get_text() for t in ax.texts) == ["1", "2", "3"]
+    assert_readable(ax.get_figure())
+
+
+def test_batch_search_plot_leaves_out_crowded_numbers():
+    # notebook 02's search: doubling to 256, then a bisection whose last probes sit within a few samples
+    from labkit.techniques.oom_backoff import BatchSearch, Probe
+
+    sizes = [16, 32, 64, 128, 256, 512, 384, 320, 288, 272, 280, 284, 282, 281]
+    tried = [Probe(n, n <= 281, n * 0.45 * MiB) for n in sizes]
+    ax = plots.batch_search(BatchSearch(best=281, tried=tried, budget_bytes=127 * MiB, state_bytes={"total": 4 * MiB}))
+    shown = [t.get_text() for t in ax.texts]
+    assert shown[:6] == ["1", "2", "3", "4", "5", "6"] and 0 < len(shown) < len(sizes)
+    assert f"{len(sizes) - len(shown)} crowded near the answer left out" in " ".join(ax.get_title().split())
+    assert_readable(ax.get_figure())
 
 
 def test_checkpoint_tradeoff_plot_draws_memory_and_the_trade():

@@ -211,3 +211,13 @@ def test_dropdown_refuses_options_it_cannot_tell_apart():
     with pytest.raises(ConfigError, match=r"True == 1, so the dropdown cannot tell them apart"):
         make_control("checkpointing", [False, True, 1, 2])
     assert make_control("checkpointing", [False, True, 2, 3]).options[2] == ("2", 2)
+
+
+def test_an_error_inside_the_output_area_still_reaches_the_status(monkeypatch):
+    # In a kernel, Output.__exit__ shows an exception and swallows it: the panel must still report it.
+    monkeypatch.setattr(ipywidgets.Output, "__exit__", lambda self, *exc: True)
+    panel, _ = make_panel(FakeRun(error=ConfigError("batch_size", 999, "at most 512")))
+    panel.click()
+    assert isinstance(panel.last_error, ConfigError) and panel.last_result is None
+    assert "ConfigError" in panel.status.value and "batch_size=999" in html.unescape(panel.status.value)
+    assert not panel.running and not panel.button.disabled

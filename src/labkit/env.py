@@ -139,15 +139,17 @@ def cuda_arch_problem(index: int = 0) -> str | None:
     Example:
         >>> cuda_arch_problem()   # None on a supported GPU
     """
+    if torch.version.cuda is None:  # ROCm names its architectures gfx...: not ours to check
+        return None
     major, minor = torch.cuda.get_device_capability(index)
     archs = list(torch.cuda.get_arch_list())
-    if not archs:  # a build that does not say (e.g. ROCm): trust it
+    if not archs:  # a build that does not say: trust it
         return None
     for arch in archs:
-        kind, _, version = arch.partition("_")
-        if not version.isdigit() or len(version) < 2:
+        match = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", arch)  # sm_90a, sm_120f: the suffix adds features
+        if match is None:
             continue
-        arch_major, arch_minor = int(version[:-1]), int(version[-1])
+        kind, arch_major, arch_minor = match[1], int(match[2]), int(match[3])
         if kind == "sm" and arch_major == major and arch_minor <= minor:
             return None
         if kind == "compute" and (arch_major, arch_minor) <= (major, minor):
@@ -178,6 +180,9 @@ def resolve_device(device: str = "auto") -> torch.device:
         raise ConfigError("device", device, "'auto' or 'cpu' (no CUDA GPU is visible to torch here)")
     if device.startswith("cuda"):
         index = torch.device(device).index or 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError("device", device, f"'auto', 'cpu' or 'cuda:N' with N < {torch.cuda.device_count()} "
+                                                "(the GPUs torch sees here)")
         problem = cuda_arch_problem(index)
         if problem is not None:
             raise ConfigError("device", device, f"'auto' or 'cpu': {problem}")

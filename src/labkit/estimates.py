@@ -11,13 +11,17 @@ import json
 import math
 from dataclasses import dataclass
 
+import torch
+
 from .config import RunConfig
-from .env import env_report, hardware_key, profile
+from .env import env_report, hardware_key, profile, resolve_device
 from .results import cache_key, results_dir
+from .techniques.precision import resolve_precision
+from .train import emulated_step_limit, total_steps
 
 # The fields that change the cost of a sample: a cached run is a basis only when these match.
-COST_FIELDS = ("model", "dataset", "precision", "tf32", "channels_last", "checkpointing", "optimizer", "freeze",
-               "device")
+COST_FIELDS = ("model", "dataset", "image_size", "precision", "tf32", "channels_last", "checkpointing",
+               "optimizer", "freeze", "grad_accum", "device")
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,11 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def estimate_run(cfg: RunConfig) -> RunEstimate | None:
+def estimate_run(cfg: RunConfig, cached: bool = True) -> RunEstimate | None:
     """How long ``cfg`` will take on this machine, or None when no similar run has finished here yet.
 
-    A cached run of ``cfg`` itself is instant. Otherwise the closest cached run with the same
+    A cached run of ``cfg`` itself is instant (``cached=False``: estimate it anyway, for a run that
+    changes the config before it starts, such as a panel's lr rule). Otherwise the closest cached run with the same
     `COST_FIELDS` on the same hardware gives seconds per training sample (its wall time over the samples
     it trained, warm-up and profiling steps included), scaled to the samples ``cfg`` will train (after
     the profile's cut for emulated precisions) and the test images it evaluates.
@@ -52,7 +57,7 @@ def estimate_run(cfg: RunConfig) -> RunEstimate | None:
         Estimated time: about 40 s (from a cached fp16 run at batch 64 on this machine).
     """
     env = env_report(cfg.device)
-    if (results_dir() / f"{cache_key(cfg, env)}.json").exists():
+    if cached and (results_dir() / f"{cache_key(cfg, env)}.json").exists():
         return RunEstimate(0.0, True, "cached")
     basis = _closest_cached_run(cfg, hardware_key(env))
     if basis is None:
@@ -61,9 +66,11 @@ def estimate_run(cfg: RunConfig) -> RunEstimate | None:
     per_sample_s = basis["train_time_s"] / train_samples
     prof = profile()
     train_size = cfg.train_size or prof.train_size
-    steps = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * math.ceil(train_size / cfg.batch_size)
-    if basis.get("planned_steps") is not None:  # the basis was cut short as emulated: so will this run be
-        steps = min(steps, max(prof.emulated_steps, prof.warmup_steps + 3))
+    steps = total_steps(cfg, train_size // cfg.batch_size)  # the loader drops a last, smaller batch
+    device = resolve_device(cfg.device)
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if resolve_precision(cfg.precision, device, capability).emulated:  # the run will be cut as `fit` cuts it
+        steps = min(steps, emulated_step_limit(prof))
     seconds = per_sample_s * steps * cfg.batch_size
     if cfg.evaluate:
         seconds += per_sample_s / 3 * prof.test_size  # a forward pass costs about a third of a step

@@ -364,12 +364,12 @@ def batch_search(search, ax=None):
     ax = _axes(ax)
     measured = frame[frame["peak_bytes"].notna()]
     top = max([*(measured["peak_bytes"] / MiB), (search.budget_bytes or 0) / MiB, 1.0]) * 1.08
+    points = []
     for fits, color, label in ((True, "tab:green", "fits"), (False, "tab:red", "does not fit")):
         part = frame[frame["fits"] == fits]
         ys = [p / MiB if p == p and p is not None else top for p in part["peak_bytes"]]
         ax.plot(part["batch_size"], ys, linestyle="none", marker="o" if fits else "X", color=color, label=label)
-        for size, y, step in zip(part["batch_size"], ys, part["step"], strict=True):
-            ax.annotate(str(step), (size, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+        points += list(zip(part["step"], part["batch_size"], ys, strict=True))
     if search.budget_bytes:
         ax.axhline(search.budget_bytes / MiB, color="black", linestyle="--", label="budget")
     if search.state_bytes.get("total"):
@@ -381,7 +381,20 @@ def batch_search(search, ax=None):
     ax.set_xlabel(axis_label("batch_size"))
     ax.set_ylabel(axis_label("peak_memory_bytes"))
     ax.grid(alpha=0.3)
-    _finish(ax, [None] * len(frame), f"batch-size search: {len(frame)} probes (numbers: order tried)", [])
+    # Number the probes in the order tried; the bisection's last probes sit close together, so a number
+    # that would land on one already drawn is left out (and the title says so).
+    renderer = _renderer(ax.get_figure())
+    placed, crowded = [], 0
+    for step, size, y in sorted(points):
+        text = ax.annotate(str(step), (size, y), textcoords="offset points", xytext=(4, 4), fontsize="small")
+        box = text.get_window_extent(renderer)
+        if any(box.overlaps(other) for other in placed):
+            text.remove()
+            crowded += 1
+        else:
+            placed.append(box)
+    numbers = "numbers: order tried" + (f"; {crowded} crowded near the answer left out" if crowded else "")
+    _finish(ax, [None] * len(frame), f"batch-size search: {len(frame)} probes ({numbers})", [])
     ax.legend(fontsize="small", loc="upper left")  # the probes rise to the right: keep the legend off them
     return ax
 
@@ -455,7 +468,7 @@ def category_ticks(ax, labels: list[str]) -> None:
     ax.set_xticklabels(labels)
     if not labels:
         return
-    renderer = ax.get_figure().canvas.get_renderer()
+    renderer = _renderer(ax.get_figure())
     slot_px = ax.get_window_extent(renderer).width / len(labels) * 0.85  # tight_layout may shrink the axes
     fitted = []
     for text, label in zip(ax.get_xticklabels(), labels, strict=True):
@@ -464,7 +477,7 @@ def category_ticks(ax, labels: list[str]) -> None:
             fitted.append(label)
             continue
         chars = max(1, int(len(label) * slot_px / width_px))
-        wrapped = textwrap.wrap(label, width=chars, break_long_words=False)
+        wrapped = textwrap.wrap(label, width=chars, break_long_words=False) or [label]
         if len(wrapped) > MAX_TICK_LINES or max(len(part) for part in wrapped) > chars:
             ax.set_xticklabels(labels, rotation=90)
             return
@@ -472,9 +485,16 @@ def category_ticks(ax, labels: list[str]) -> None:
     ax.set_xticklabels(fitted)
 
 
+def _renderer(fig):
+    """What measures drawn text: the canvas's renderer (Agg, as Jupyter's inline backend), else one the
+    figure makes for its backend (pdf, svg)."""
+    get = getattr(fig.canvas, "get_renderer", None)
+    return get() if get is not None else fig._get_renderer()
+
+
 def _wrapped_title(ax, text: str) -> str:
     """``text`` wrapped at spaces to the width of ``ax`` (a title wider than its chart runs off the figure)."""
-    renderer = ax.get_figure().canvas.get_renderer()
+    renderer = _renderer(ax.get_figure())
     width_px = ax.get_window_extent(renderer).width
     size_px = ax.title.get_fontsize() * ax.get_figure().dpi / 72
     chars = max(10, int(width_px / (0.6 * size_px)))
@@ -483,7 +503,8 @@ def _wrapped_title(ax, text: str) -> str:
 
 def _axes(ax):
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, PANEL_HEIGHT_IN))
+        fig, ax = plt.subplots(figsize=(7, PANEL_HEIGHT_IN))
+        fig._labkit_made = True  # its layout is ours to set (a caller's figure keeps its own)
     return ax
 
 
@@ -497,8 +518,8 @@ def _finish(ax, drawn: list, title: str, notes: list[str], handles: list | None 
     elif len(ax.get_legend_handles_labels()[0]) > 1:  # one series needs no legend
         ax.legend(fontsize="small")
     fig = ax.get_figure()
-    if len(fig.axes) == 1:  # a chart of its own: make room for its legend and labels inside the figure
-        fig.tight_layout()
+    if getattr(fig, "_labkit_made", False) and len(fig.axes) == 1:
+        fig.tight_layout()  # a chart of its own: room for its legend and labels inside the figure
 
 
 def _colors(keys: list) -> dict:

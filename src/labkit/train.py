@@ -59,6 +59,11 @@ def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = Tru
     return _splits(cfg.dataset, train_size, prof.val_size, prof.test_size)
 
 
+def emulated_step_limit(prof: Profile) -> int:
+    """The most steps a run in an emulated precision trains at ``prof`` (at least one timed step)."""
+    return max(prof.emulated_steps, prof.warmup_steps + PROFILING_STEPS + 1)
+
+
 def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
     return cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps_per_epoch
 
@@ -190,8 +195,8 @@ class Trainer:
         cfg, device, prof = self.cfg, self.device, self.profile
         steps = planned = total_steps(cfg, len(self.loader))
         untimed = prof.warmup_steps + PROFILING_STEPS
-        if self.precision.emulated and steps > max(prof.emulated_steps, untimed + 1):
-            steps = max(prof.emulated_steps, untimed + 1)
+        if self.precision.emulated and steps > emulated_step_limit(prof):
+            steps = emulated_step_limit(prof)
             cut = (f"{self.precision.name} is emulated here, so this run trained {steps} of its {planned} steps "
                    f"(the {prof.name} profile's limit for emulated runs, to keep the notebook's time); its step "
                    f"time and memory are measured as usual, its accuracy is after {steps} steps")
@@ -202,9 +207,9 @@ class Trainer:
             raise ConfigError(field, getattr(cfg, field),
                               f"enough for more than {untimed} optimizer steps ({prof.warmup_steps} warm-up + "
                               f"{PROFILING_STEPS} profiling steps are never timed); this gives {steps}")
-        if cfg.lr_warmup_steps >= steps:
+        if cfg.lr_warmup_steps >= planned:
             raise ConfigError("lr_warmup_steps", cfg.lr_warmup_steps,
-                              f"fewer than the run's {steps} optimizer steps",
+                              f"fewer than the run's {planned} optimizer steps",
                               "A warm-up as long as the run never trains at the full lr")
         timer = measure.StepTimer(device)
         # One buffer for every step's loss, allocated up front: keeping a small tensor alive per step

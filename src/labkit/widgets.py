@@ -134,6 +134,7 @@ class ExperimentPanel:
         if estimate is not None and not callable(estimate):
             raise ConfigError("estimate", estimate, "None or a callable estimate(cfg) -> text or None")
         self.estimate = estimate
+        self._estimate_takes_cached = estimate is not None and _accepts_keyword(estimate, "cached")
         self.estimate_line = widgets.HTML(value="")
         self.output = widgets.Output()
         self.running = False
@@ -151,7 +152,7 @@ class ExperimentPanel:
         ])
         self._passes_on_step = _accepts_keyword(run, "on_step")
         self._passes_progress = _accepts_keyword(run, "progress")
-        for control in self.controls.values():
+        for control in [*self.controls.values(), *self.options.values()]:
             control.observe(lambda _change: self.update_estimate(), names="value")
         self.update_estimate()
 
@@ -160,7 +161,11 @@ class ExperimentPanel:
         if self.estimate is None:
             return
         try:
-            text = self.estimate(self.config())
+            cfg = self.config()
+            # A run with options (e.g. an lr rule) is not the cached run of its config: estimate it, never
+            # call it cached.
+            text = self.estimate(cfg, cached=False) if self.options and self._estimate_takes_cached \
+                else self.estimate(cfg)
         except (LabkitError, OSError, ValueError, KeyError):  # a bad combination: Run will say why
             self.estimate_line.value = ""
             return
@@ -205,10 +210,18 @@ class ExperimentPanel:
             kwargs.update(chosen)
             # Everything the run prints (labkit's notes included) goes to the panel's output area: outside
             # it, a widget callback's output lands in JupyterLab's log console, where nobody looks.
+            # In a kernel, the output area's __exit__ shows an exception and swallows it: keep it and
+            # raise it again after the block, so that the panel reports it (and Ctrl-C still stops).
+            failure = None
             with self.output:
-                result = self.run(cfg, **kwargs)
-                self.show(result)
-                _display_new_figures(figures_before)
+                try:
+                    result = self.run(cfg, **kwargs)
+                    self.show(result)
+                    _display_new_figures(figures_before)
+                except BaseException as error:  # noqa: BLE001 - re-raised below
+                    failure = error
+            if failure is not None:
+                raise failure
             self.last_result = result
             self.progress.value = self.progress.max
             self.update_estimate()  # this run is cached now

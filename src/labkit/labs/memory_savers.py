@@ -307,7 +307,7 @@ def calculator_check(cfg: RunConfig):
     trainable = sum(p.requires_grad for p in model.parameters())
     # Tensors per trainable parameter in the optimizer: AdamW two moments; 8-bit AdamW two 8-bit states and
     # their two block scales; SGD one momentum buffer (or none).
-    state_tensors = {"adamw": 2, "adamw8bit": 4, "sgd": 1 if cfg.momentum > 0 else 0}.get(cfg.optimizer, 4)
+    state_tensors = {"adamw": 2, "adamw8bit": 4, "paged_adamw8bit": 4, "sgd": 1 if cfg.momentum > 0 else 0}[cfg.optimizer]
     tensors = {"weights": len(list(model.parameters())) + len(list(model.buffers())), "gradients": trainable,
                "optimizer_state": state_tensors * trainable}
     per_tensor = CUDA_ROUNDING_BYTES - 1 if trainer.device.type == "cuda" else 0

@@ -132,10 +132,11 @@ def scaler_trace(cfg, steps: int | None = None, init_scale: float = 2.0**16, gro
     trainer.scaler = torch.amp.GradScaler(trainer.device.type, init_scale=init_scale,
                                           growth_interval=growth_interval)
     steps = steps or cfg.max_steps or len(trainer.loader)
-    if trainer.precision.emulated and steps > trainer.profile.emulated_steps:
-        note(f"fp16 is emulated here, so the scaler trace covers {trainer.profile.emulated_steps} of {steps} steps "
+    limit = train.emulated_step_limit(trainer.profile)
+    if trainer.precision.emulated and steps > limit:
+        note(f"fp16 is emulated here, so the scaler trace covers {limit} of {steps} steps "
              f"(the {trainer.profile.name} profile's limit for emulated runs)")
-        steps = trainer.profile.emulated_steps
+        steps = limit
     rows = []
     for step, (images, labels) in enumerate(trainer.batches(steps), start=1):
         scale = trainer.scaler.get_scale()  # reading it synchronises: fine here, nothing is timed
