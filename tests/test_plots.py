@@ -349,3 +349,15 @@ def test_the_checker_catches_annotations_on_top_of_each_other():
         ax.annotate(f"peak {y} MiB of memory", (x, y), ha="center")
     with pytest.raises(AssertionError, match="overlaps 'peak 29.5 MiB of memory'"):
         assert_readable(fig)
+
+
+def test_setup_labels_wrap_at_spaces_instead_of_standing_on_end():
+    # notebook 01's comparison, three charts two to a row: "fp16 + GradScaler" fits on two lines
+    frame = pd.DataFrame({"setup": ["fp32", "fp32 + TF32", "fp16 + GradScaler", "bf16"], "source": "live",
+                          "step_time_s": [0.07, 0.07, 1.1, 0.05], "peak_memory_bytes": [30e6, 30e6, 19e6, 19e6],
+                          "accuracy": [0.69, 0.69, 0.70, 0.69]})
+    axes = plots.bars(frame, x="setup", ys=["step_time_s", "peak_memory_bytes", "accuracy"])
+    ticks = axes[0].get_xticklabels()
+    assert [t.get_text() for t in ticks] == ["fp32", "fp32 +\nTF32", "fp16 +\nGradScaler", "bf16"]
+    assert {t.get_rotation() for t in ticks} == {0.0}
+    assert_readable(axes[0].get_figure())

@@ -469,7 +469,7 @@ def category_ticks(ax, labels: list[str]) -> None:
     if not labels:
         return
     renderer = _renderer(ax.get_figure())
-    slot_px = ax.get_window_extent(renderer).width / len(labels) * 0.85  # tight_layout may shrink the axes
+    slot_px = ax.get_window_extent(renderer).width / len(labels) * 0.95  # a little room: the layout may shift
     fitted = []
     for text, label in zip(ax.get_xticklabels(), labels, strict=True):
         width_px = text.get_window_extent(renderer).width
