@@ -76,3 +76,20 @@ def test_calculator_check_says_how_much_rounding_a_device_allows(tiny_cfg):
     check = memory_savers.calculator_check(tiny_cfg)
     assert list(check.rounding_bytes) == [0, 0, 0]  # the CPU allocates exactly
     assert (check.difference_bytes.abs() <= 0.01 * check.measured_bytes).all()
+
+
+def test_the_rounding_allowance_counts_tensors_on_cuda():
+    # small_cnn: 23 trainable tensors (see conftest's small_cnn_bytes) plus its BatchNorm buffers
+    model, _ = labkit.models.build("small_cnn", 10, pretrained=False)
+    params, buffers = len(list(model.parameters())), len(list(model.buffers()))
+    assert params == 23
+    adamw = memory_savers.rounding_allowance(model, "adamw", True, "cuda")
+    assert adamw == {"weights": 511 * (23 + buffers), "gradients": 511 * 23, "optimizer_state": 511 * 46}
+    assert memory_savers.rounding_allowance(model, "adamw8bit", True, "cuda")["optimizer_state"] == 511 * 92
+    assert memory_savers.rounding_allowance(model, "sgd", False, "cuda")["optimizer_state"] == 0
+    first = next(model.parameters())
+    first.requires_grad_(False)  # a frozen tensor has no gradient and no optimizer state
+    frozen = memory_savers.rounding_allowance(model, "adamw", True, "cuda")
+    assert frozen["gradients"] == 511 * 22 and frozen["weights"] == adamw["weights"]
+    assert memory_savers.rounding_allowance(model, "adamw", True, "cpu") == {
+        "weights": 0, "gradients": 0, "optimizer_state": 0}

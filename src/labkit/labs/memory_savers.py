@@ -303,22 +303,35 @@ def calculator_check(cfg: RunConfig):
     trainer = train.Trainer(cfg.replace(evaluate=False, pretrained=False))
     calculated = model_training_memory(trainer.model, "fp32", cfg.optimizer, device=trainer.device,
                                        momentum=cfg.momentum > 0 if cfg.optimizer == "sgd" else True)
-    model = trainer.model
-    trainable = sum(p.requires_grad for p in model.parameters())
-    # Tensors per trainable parameter in the optimizer: AdamW two moments; 8-bit AdamW two 8-bit states and
-    # their two block scales; SGD one momentum buffer (or none).
-    state_tensors = {"adamw": 2, "adamw8bit": 4, "paged_adamw8bit": 4, "sgd": 1 if cfg.momentum > 0 else 0}[cfg.optimizer]
-    tensors = {"weights": len(list(model.parameters())) + len(list(model.buffers())), "gradients": trainable,
-               "optimizer_state": state_tensors * trainable}
-    per_tensor = CUDA_ROUNDING_BYTES - 1 if trainer.device.type == "cuda" else 0
+    allowance = rounding_allowance(trainer.model, cfg.optimizer, cfg.momentum > 0, trainer.device)
     rows = []
     for component, category in (("weights", "parameters"), ("gradients", "gradients"),
                                 ("optimizer_state", "optimizer_state")):
         rows.append({"component": component, "calculated_bytes": calculated[component],
                      "measured_bytes": measured.get(category, 0),
                      "difference_bytes": measured.get(category, 0) - calculated[component],
-                     "rounding_bytes": per_tensor * tensors[component]})
+                     "rounding_bytes": allowance[component]})
     return pd.DataFrame(rows)
+
+
+def rounding_allowance(model, optimizer: str, momentum: bool, device) -> dict:
+    """The most bytes the CUDA allocator's rounding can add to each component of ``model``'s training state:
+    511 bytes per tensor (`CUDA_ROUNDING_BYTES` - 1); 0 on a CPU, which allocates exactly.
+
+    Tensors per trainable parameter in the optimizer: AdamW two moments; 8-bit AdamW two 8-bit states and
+    their two block scales (an upper bound: tensors under ``min_8bit_size`` keep two fp32 moments); SGD one
+    momentum buffer, or none.
+
+    Example:
+        >>> rounding_allowance(model, "adamw", True, "cuda")["optimizer_state"]   # 2 x 511 x tensors
+    """
+    if torch.device(device).type != "cuda":
+        return {"weights": 0, "gradients": 0, "optimizer_state": 0}
+    trainable = sum(p.requires_grad for p in model.parameters())
+    per_param = {"adamw": 2, "adamw8bit": 4, "paged_adamw8bit": 4, "sgd": 1 if momentum else 0}[optimizer]
+    per_tensor = CUDA_ROUNDING_BYTES - 1
+    return {"weights": per_tensor * (len(list(model.parameters())) + len(list(model.buffers()))),
+            "gradients": per_tensor * trainable, "optimizer_state": per_tensor * per_param * trainable}
 
 
 def scale_table(num_params: dict | None = None, setups: dict | None = None):
