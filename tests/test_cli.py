@@ -52,3 +52,14 @@ def test_bad_config_exits_2_with_message(tmp_path, capsys):
     assert cli.main(["run", str(bad)]) == 2
     assert "batch_size=0 is not allowed" in capsys.readouterr().err
     assert cli.main(["run", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_solutions_prints_questions_and_solutions(capsys):
+    assert cli.main(["solutions", "00.throughput", "03.checkpoint", "02.max_batch"]) == 0
+    out = capsys.readouterr().out
+    assert "## 00.throughput\nA training step on a batch of 256 images" in out
+    assert "batch_size / (step_time_ms / 1e3)\nwith batch_size=256, step_time_ms=80\n= 3200" in out
+    assert "def checkpointed_forward_solution(blocks, x):" in out
+    assert "## 02.max_batch (with example numbers: the notebook uses yours)" in out
+    assert cli.main(["solutions", "nope"]) == 2
+    assert "exercise='nope' is not allowed" in capsys.readouterr().err

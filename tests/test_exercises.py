@@ -1,11 +1,13 @@
-"""Every exercise against its solution and a wrong answer. The solutions live here, not in labkit."""
+"""Every number exercise against a solution computed here by hand and a wrong answer; `solution` against
+the same numbers. The code exercises are tested in tests/labs/test_code_exercises.py."""
 
 import numpy as np
 import pytest
 
+import labkit.labs  # noqa: F401 - registers the code exercises, so that names() lists every exercise
 from labkit import exercises
 from labkit.errors import ConfigError
-from labkit.exercises import WrongAnswer, check
+from labkit.exercises import CodeExercise, WrongAnswer, check
 
 SOLUTIONS = {
     "00.throughput": 256 / 0.080,          # batch size / step time in seconds = 3200 samples/s
@@ -17,6 +19,11 @@ SOLUTIONS = {
     "02.accum": 8,                         # 256 / 8 = 32 <= 48; 256 / 4 = 64 does not fit; 6 does not divide 256
     "03.adam_state": 56.0,                 # 7e9 x 8 B = 56e9 B
     "03.eight_bit_bytes": 2.03125,         # 2 x (1 + 4 / 256)
+    # the own-numbers exercises, with their example numbers (a notebook passes the learner's own)
+    "00.warmup_error": 1.9,                # (0.5 + 9 x 0.05) / 10 = 0.095 s, / 0.05 s
+    "01.own_saving": 0.35,                 # (30 - 16) / 40
+    "02.max_batch": 236,                   # (40 - 3) MiB = 37,888 KiB / 160 KiB = 236.8 -> 236
+    "03.own_8bit": 2_071_250,              # 1e6 x 2.03125 + 5,000 x 8
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
@@ -27,16 +34,36 @@ WRONG = {
     "02.accum": (6, "grad_accum must divide"),
     "03.adam_state": (28.0, "two moments x 4 bytes"),  # one moment only
     "03.eight_bit_bytes": (2.0, "add the fp32 scale stored for every block"),
+    "00.warmup_error": (1.0, "the mean of the steps"),
+    "01.own_saving": (35, "give a fraction, not a percent"),
+    "02.max_batch": (237, "round down"),
+    "03.own_8bit": (2_031_250, "small ones: 8 bytes per value"),  # forgot the small tensors
 }
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint"]
+
+
+def own(name):
+    """The numbers a notebook would pass: the example ones, for an exercise on the learner's own numbers."""
+    exercise = exercises.get(name)
+    return dict(exercise.numbers) if exercise.from_run else None
 
 
 def test_every_exercise_has_a_solution_and_a_wrong_answer():
-    assert sorted(exercises.names()) == sorted(SOLUTIONS) == sorted(WRONG)
+    numbers = [n for n in exercises.names() if not isinstance(exercises.get(n), CodeExercise)]
+    assert sorted(numbers) == sorted(SOLUTIONS) == sorted(WRONG)
+    assert sorted(set(exercises.names()) - set(numbers)) == CODE
+
+
+@pytest.mark.parametrize("name", sorted(SOLUTIONS))
+def test_solution_shows_the_formula_and_the_value(name):
+    text = exercises.solution(name)
+    assert exercises.get(name).solution in text
+    assert float(text.rsplit("= ", 1)[1]) == pytest.approx(SOLUTIONS[name], rel=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(SOLUTIONS))
 def test_solution_passes(name, capsys):
-    message = check(name, SOLUTIONS[name])
+    message = check(name, SOLUTIONS[name], own(name))
     assert message.startswith(f"{name}: correct")
     assert message in capsys.readouterr().out
 
@@ -45,12 +72,12 @@ def test_solution_passes(name, capsys):
 def test_wrong_answer_raises_with_hint(name):
     answer, hint = WRONG[name]
     with pytest.raises(WrongAnswer, match=f"{name}: .* is not right.*{hint}"):
-        check(name, answer)
+        check(name, answer, own(name))
 
 
 @pytest.mark.parametrize("name", sorted(SOLUTIONS))
 def test_none_is_not_attempted(name, capsys):
-    message = check(name, None)
+    message = check(name, None, own(name))
     assert message.startswith(f"{name}: not attempted yet")
     assert "not attempted yet" in capsys.readouterr().out
 
@@ -88,7 +115,7 @@ def test_non_number_answer():
 
 
 def test_unknown_name_lists_exercises():
-    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu', '01.amp_saving', '01.loss_scale', '02.slope', '02.accum', '03.adam_state', '03.eight_bit_bytes'\]"):
+    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu', '00.warmup_error', '01.amp_saving'"):
         check("00.speed", 1)
     with pytest.raises(ConfigError, match="one of"):
         exercises.question("nope")
@@ -105,3 +132,40 @@ def test_feedback_is_not_echoed_twice_by_jupyter():
     message = check("00.throughput", None)
     assert isinstance(message, str)
     assert message._ipython_display_() is None
+
+
+def test_own_numbers_decide_the_answer_and_the_question():
+    mine = {"fixed_mib": 10.0, "kib_per_sample": 256.0, "budget_mib": 74.0}
+    assert "10 MiB + 256 KiB x batch" in exercises.question("02.max_batch", mine)
+    check("02.max_batch", 256, mine)  # (74 - 10) x 1024 / 256
+    with pytest.raises(WrongAnswer):
+        check("02.max_batch", 236, mine)  # right for the example numbers, not for these
+    assert "= 256" in exercises.solution("02.max_batch", mine)
+    assert "= 236" in exercises.solution("02.max_batch")  # without numbers: the example ones
+
+
+def test_own_numbers_are_checked():
+    with pytest.raises(ConfigError, match=r"numbers=None is not allowed: a dict with fixed_mib, kib_per_sample, "
+                                          r"budget_mib from your run"):
+        check("02.max_batch", 1)
+    with pytest.raises(ConfigError, match=r"exactly the keys \['fixed_mib', 'kib_per_sample', 'budget_mib'\]"):
+        check("02.max_batch", 1, {"fixed_mib": 1.0, "kib_per_sample": 2.0})
+    with pytest.raises(ConfigError, match=r"exactly the keys"):
+        check("02.max_batch", 1, {"fixed_mib": 1.0, "kib_per_sample": 2.0, "budget_mib": 3.0, "extra": 1})
+    with pytest.raises(ConfigError, match=r"numbers\['budget_mib'\]=nan is not allowed: a finite number"):
+        check("02.max_batch", 1, {"fixed_mib": 1.0, "kib_per_sample": 2.0, "budget_mib": float("nan")})
+    with pytest.raises(ConfigError, match="numbers=.* is not allowed: None: exercise 00.throughput has fixed numbers"):
+        check("00.throughput", 3200, {"batch_size": 1})
+
+
+def test_code_exercise_answers_are_functions():
+    with pytest.raises(WrongAnswer, match="01.amp_step: expected your function, got int 3"):
+        check("01.amp_step", 3)
+    assert check("01.amp_step", None).startswith("01.amp_step: not attempted yet")
+    with pytest.raises(ConfigError, match="is a code exercise"):
+        check("01.amp_step", None, {"a": 1})
+
+
+def test_code_solution_is_the_reference_source():
+    text = exercises.solution("01.amp_step")
+    assert text.startswith("def amp_step_solution(") and "scaler.unscale_(optimizer)" in text

@@ -5,9 +5,10 @@ so `labkit bench` runs on a bare GPU machine; nor bitsandbytes, imported when an
 
 The engine's layers, lowest first (each module imports only from its own layer or lower ones; the
 import-linter contract in pyproject.toml checks it): the base (`errors`, `project`, `validate`, `units`,
-`env`, `data`, `models`, `config`, `result`, `measure`, `exercises`); `techniques` (each technique's
-mechanism); `train` (the loop); `results`, `capacity`, `pretrain` (many runs, what fits); `labs` (each
-notebook's experiments and findings); `plots`, `widgets`; `bench`, `cli`.
+`env`, `data`, `models`, `config`, `result`, `measure`, `exercises`, `guesses`); `techniques` (each
+technique's mechanism); `train` (the loop); `results`, `capacity`, `pretrain`, `equivalence` (many runs,
+what fits, a plain step against the engine's); `estimates`; `labs` (each notebook's experiments,
+findings and code exercises); `plots`, `views`, `widgets`; `bench`, `cli`.
 """
 
 from .capacity import estimate_memory, find_max_batch_size, training_memory

@@ -1,4 +1,4 @@
-"""Command line: `labkit env | run | sweep | pretrain | bench`."""
+"""Command line: `labkit env | run | sweep | pretrain | bench | solutions`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import json
 import sys
 from pathlib import Path
 
+from . import exercises, labs  # noqa: F401 - importing labs registers the code exercises
 from .bench import run_bench
 from .config import load_config, parse_yaml
 from .env import env_report
 from .errors import ConfigError, LabkitError
+from .messages import wrap
 from .pretrain import pretrain
 from .results import cached_fit, sweep, to_frame
 
@@ -68,6 +70,15 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_solutions(args) -> int:
+    wanted = args.names or exercises.names()
+    for name in wanted:
+        exercise = exercises.get(name)
+        example = " (with example numbers: the notebook uses yours)" if getattr(exercise, "from_run", ()) else ""
+        print(f"## {name}{example}\n{wrap(exercise.question)}\n\nSolution:\n{exercises.solution(name)}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,10 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="folder for the JSON files (default: src/labkit/assets/reference)")
     bench.add_argument("--profile", default="full", choices=["ci", "quick", "full"], help="default: full")
     bench.add_argument("experiments", nargs="*", help="notebook names, e.g. 01_mixed_precision (default: all)")
+    sol = sub.add_parser("solutions", help="the notebooks' exercises with their worked solutions (for instructors)")
+    sol.add_argument("names", nargs="*", help="exercise names, e.g. 01.amp_step (default: all)")
     return parser
 
 
-COMMANDS = {"env": _cmd_env, "run": _cmd_run, "sweep": _cmd_sweep, "pretrain": _cmd_pretrain, "bench": _cmd_bench}
+COMMANDS = {"env": _cmd_env, "run": _cmd_run, "sweep": _cmd_sweep, "pretrain": _cmd_pretrain, "bench": _cmd_bench,
+            "solutions": _cmd_solutions}
 
 
 def main(argv: list[str] | None = None) -> int:

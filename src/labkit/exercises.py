@@ -1,13 +1,24 @@
-"""The notebooks' exercise checkers: `check(name, answer)` and `question(name)`.
+"""The notebooks' exercise checkers: `question(name)`, `check(name, answer)` and `solution(name)`.
 
-A learner's cell starts as ``answer = None  # YOUR CODE``. `check` reports "not attempted yet" for
-None (so an untouched notebook runs clean in CI), raises `WrongAnswer` with a hint on a wrong
-answer and confirms a right one. Each exercise computes its expected value from the numbers in
-its question, so the answers are not spelled out here; the solutions live in tests/test_exercises.py.
+Three kinds of exercise:
+
+- a **number** worked out from numbers the question gives (`Exercise`);
+- a number worked out from the learner's **own measured numbers** (`Exercise` with ``from_run``): the
+  notebook passes them, ``question(name, numbers)`` and ``check(name, answer, numbers)``;
+- **code**: the learner completes a function and the checker runs it against the engine
+  (`CodeExercise`; those checkers need the training loop, so they are registered by
+  `labkit.labs.code_exercises`, which every lab module imports).
+
+A learner's cell starts as ``answer = None  # YOUR CODE`` (or, for code, a function whose body is
+``raise NotImplementedError  # YOUR CODE``). `check` reports "not attempted yet" for those, so an
+untouched notebook runs clean in CI; it raises `WrongAnswer` with a hint on a wrong answer and confirms a
+right one. `solution(name)` gives instructors the worked solution; tests/test_exercises.py checks every
+solution against numbers computed independently.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Callable
@@ -23,32 +34,85 @@ class WrongAnswer(AssertionError):
 
 @dataclass(frozen=True)
 class Exercise:
-    """One exercise: a question built from ``numbers`` and the function computing its expected value.
+    """One exercise whose answer is a number.
 
     Attributes:
         name: ``"<notebook>.<topic>"``, e.g. ``"00.throughput"``.
-        template: the question, with ``{placeholders}`` filled from ``numbers``.
-        numbers: the values the question gives.
-        expected: ``expected(numbers) -> float``, the right answer.
+        template: the question, with ``{placeholders}`` filled from the numbers.
+        numbers: the values the question gives (for ``from_run`` exercises: an example set).
+        solution: a Python expression over the numbers' names that computes the answer, e.g.
+            ``"batch_size / (step_time_ms / 1e3)"``; `solution` shows it to instructors.
         hint: shown with a wrong answer.
         rel_tol: accepted relative error (answers may be rounded).
         diagnose: ``diagnose(answer, expected) -> str | None``, a hint for a recognisable mistake.
+        from_run: the names of the numbers the notebook passes from the learner's own run (empty: the
+            question's numbers are fixed).
     """
 
     name: str
     template: str
     numbers: dict
-    expected: Callable[[dict], float]
+    solution: str
     hint: str
     rel_tol: float = 0.01
     diagnose: Callable[[float, float], str | None] | None = field(default=None, compare=False)
+    from_run: tuple[str, ...] = ()
+
+    def numbers_for(self, given: dict | None) -> dict:
+        """The numbers of this question: ``given`` (the learner's run) for a ``from_run`` exercise."""
+        if not self.from_run:
+            if given is not None:
+                raise ConfigError("numbers", given, f"None: exercise {self.name} has fixed numbers")
+            return self.numbers
+        if not isinstance(given, dict):
+            raise ConfigError("numbers", given, f"a dict with {', '.join(self.from_run)} from your run "
+                                                f"(exercise {self.name} uses your own numbers)")
+        missing = [k for k in self.from_run if k not in given]
+        unknown = [k for k in given if k not in self.from_run]
+        if missing or unknown:
+            raise ConfigError("numbers", sorted(given), f"exactly the keys {list(self.from_run)}")
+        values = {k: v if isinstance(v, str) else _as_number(v) for k, v in given.items()}  # str: a label
+        bad = [k for k, v in values.items() if v is None or (not isinstance(v, str) and not math.isfinite(v))]
+        if bad:
+            raise ConfigError(f"numbers[{bad[0]!r}]", given[bad[0]], "a finite number")
+        return values
+
+    def expected(self, values: dict) -> float:
+        return float(eval(self.solution, {"__builtins__": _SOLUTION_BUILTINS, "math": math, **values}))  # noqa: S307
+
+    def question_for(self, values: dict) -> str:
+        return self.template.format(**{k: _show(v) for k, v in values.items()})
 
     @property
     def question(self) -> str:
-        return self.template.format(**{k: _show(v) for k, v in self.numbers.items()})
+        return self.question_for(self.numbers)
 
 
-_REGISTRY: dict[str, Exercise] = {}
+@dataclass(frozen=True)
+class CodeExercise:
+    """One exercise whose answer is a function the learner writes.
+
+    Attributes:
+        name: ``"<notebook>.<topic>"``, e.g. ``"01.amp_step"``.
+        task: what to write (the notebook prints it above the skeleton).
+        checker: ``checker(function) -> str``: runs the learner's function against the engine, returns
+            what it confirmed and raises `WrongAnswer` (with a hint) where they differ.
+        reference: the solution, a function with the same signature (`solution` prints its source).
+    """
+
+    name: str
+    task: str
+    checker: Callable[[Callable], str]
+    reference: Callable
+
+    @property
+    def question(self) -> str:
+        return self.task
+
+
+_REGISTRY: dict[str, Exercise | CodeExercise] = {}
+# What a solution expression may call (the expressions are labkit's own text, never a learner's).
+_SOLUTION_BUILTINS = {"abs": abs, "max": max, "min": min, "range": range, "round": round, "int": int}
 
 
 class Feedback(Text):
@@ -58,7 +122,7 @@ class Feedback(Text):
         pass
 
 
-def register(exercise: Exercise) -> Exercise:
+def register(exercise: Exercise | CodeExercise) -> Exercise | CodeExercise:
     """Add ``exercise`` to the registry (a name may be registered once)."""
     if exercise.name in _REGISTRY:
         raise ConfigError("exercise", exercise.name, "a name not registered yet")
@@ -67,35 +131,46 @@ def register(exercise: Exercise) -> Exercise:
 
 
 def names() -> list[str]:
-    """The registered exercise names, e.g. ``["00.throughput", "00.mfu"]``."""
+    """The registered exercise names, e.g. ``["00.throughput", "00.mfu", ...]`` (code exercises appear once
+    `labkit.labs` is imported)."""
     return list(_REGISTRY)
 
 
-def get(name: str) -> Exercise:
-    """The `Exercise` called ``name``; an unknown name raises `ConfigError` listing the known ones."""
+def get(name: str) -> Exercise | CodeExercise:
+    """The exercise called ``name``; an unknown name raises `ConfigError` listing the known ones."""
     if name not in _REGISTRY:
         raise ConfigError("exercise", name, f"one of {names()}")
     return _REGISTRY[name]
 
 
 @worded
-def question(name: str) -> str:
+def question(name: str, numbers: dict | None = None) -> str:
     """The question text of exercise ``name``, for a notebook to print.
+
+    Args:
+        name: the exercise. numbers: the learner's own numbers, for an exercise that uses them.
 
     Example:
         >>> print(labkit.exercises.question("00.throughput"))
     """
-    return get(name).question
+    exercise = get(name)
+    if isinstance(exercise, CodeExercise):
+        if numbers is not None:
+            raise ConfigError("numbers", numbers, f"None: {name} is a code exercise")
+        return exercise.task
+    return exercise.question_for(exercise.numbers_for(numbers))
 
 
-def check(name: str, answer) -> str:
+def check(name: str, answer, numbers: dict | None = None) -> str:
     """Check ``answer`` to exercise ``name``: None -> "not attempted yet"; wrong -> `WrongAnswer`; right -> confirmed.
 
-    Numbers are compared with the exercise's relative tolerance (1% unless it says otherwise).
+    Numbers are compared with the exercise's relative tolerance (1% unless it says otherwise). For a code
+    exercise ``answer`` is the learner's function; one that still raises NotImplementedError is not attempted.
 
     Args:
         name: the exercise, e.g. ``"00.throughput"`` (see `names`).
-        answer: the learner's number, or None when not attempted.
+        answer: the learner's number or function, or None when not attempted.
+        numbers: the learner's own numbers, for an exercise that uses them (the ones its question showed).
 
     Returns:
         The message, also printed.
@@ -109,19 +184,61 @@ def check(name: str, answer) -> str:
         '00.throughput: not attempted yet ...'
     """
     exercise = get(name)
+    if isinstance(exercise, CodeExercise):
+        return _check_code(exercise, answer, numbers)
+    values = exercise.numbers_for(numbers)
     if answer is None:
         return _say(f"{name}: not attempted yet. Replace `answer = None` with your answer and run the cell again.")
     value = _as_number(answer)
     if value is None:
         raise WrongAnswer(f"{name}: expected a number, got {type(answer).__name__} {answer!r}. "
                           f"Hint: {exercise.hint}")
-    expected = float(exercise.expected(exercise.numbers))
+    expected = exercise.expected(values)
     if math.isclose(value, expected, rel_tol=exercise.rel_tol):
         return _say(f"{name}: correct! ({value:.4g})")
     specific = exercise.diagnose(value, expected) if exercise.diagnose else None
     specific = specific or _unit_slip(value, expected)
     message = f"{name}: {value:.4g} is not right" + (f": {specific}" if specific else "")
     raise WrongAnswer(f"{message}. Hint: {exercise.hint}")
+
+
+def _check_code(exercise: CodeExercise, answer, numbers) -> str:
+    name = exercise.name
+    if numbers is not None:
+        raise ConfigError("numbers", numbers, f"None: {name} is a code exercise")
+    if answer is None:
+        return _say(f"{name}: not attempted yet. Write the function and pass it to check().")
+    if not callable(answer):
+        raise WrongAnswer(f"{name}: expected your function, got {type(answer).__name__} {answer!r}")
+    try:
+        confirmed = exercise.checker(answer)
+    except NotImplementedError:
+        return _say(f"{name}: not attempted yet. Replace the `raise NotImplementedError` line with your code "
+                    "and run the cell again.")
+    except WrongAnswer:
+        raise
+    except Exception as exc:  # the learner's code failed while the checker ran it: that is the answer's fault
+        raise WrongAnswer(f"{name}: your function raised {type(exc).__name__}: {exc}") from exc
+    return _say(f"{name}: correct! {confirmed}")
+
+
+def solution(name: str, numbers: dict | None = None) -> str:
+    """The worked solution of exercise ``name``, for instructors: the formula with the numbers put in, or
+    the reference function's source for a code exercise.
+
+    Example:
+        >>> print(labkit.exercises.solution("00.throughput"))
+        batch_size / (step_time_ms / 1e3)
+        with batch_size=256, step_time_ms=80
+        = 3200
+    """
+    exercise = get(name)
+    if isinstance(exercise, CodeExercise):
+        return inspect.getsource(exercise.reference)  # code keeps its own lines: not wrapped
+    # A from_run exercise without the learner's numbers shows its example numbers.
+    values = exercise.numbers_for(numbers) if numbers is not None else exercise.numbers
+    given = ", ".join(f"{k}={_show(v)}" for k, v in values.items())
+    return Text(f"{exercise.solution}\nwith {given}\n= {exercise.expected(values):.6g}")
 
 
 def _say(message: str) -> Feedback:
@@ -148,6 +265,8 @@ def _show(value) -> str:
     if isinstance(value, float) and value != 0 and abs(value) >= 1e6:
         exponent = int(math.floor(math.log10(abs(value)) / 3) * 3)
         return f"{value / 10**exponent:g}e{exponent}"
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return f"{value:,}"  # 292,608: easier to read, and Python accepts 292_608 or 292608 back
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -175,7 +294,7 @@ register(Exercise(
     template=("A training step on a batch of {batch_size} images takes a median of {step_time_ms} ms. "
               "What is the throughput in samples/s?"),
     numbers={"batch_size": 256, "step_time_ms": 80},
-    expected=lambda n: n["batch_size"] / (n["step_time_ms"] / 1e3),
+    solution="batch_size / (step_time_ms / 1e3)",
     hint="throughput = batch size / step time in seconds (convert the milliseconds first)",
 ))
 
@@ -185,11 +304,24 @@ register(Exercise(
               "peak for that precision is {peak_flops} FLOP/s. What fraction of the peak (0..1) is "
               "achieved? (Two significant digits are enough.)"),
     numbers={"flops_per_step": 3.0e12, "step_time_s": 0.25, "peak_flops": 65e12},
-    expected=lambda n: n["flops_per_step"] / n["step_time_s"] / n["peak_flops"],
+    solution="flops_per_step / step_time_s / peak_flops",
     hint=("achieved FLOP/s = FLOPs per step / step time; the fraction of the peak is achieved FLOP/s / "
           "peak FLOP/s"),
     rel_tol=0.03,
     diagnose=_percent_not_fraction,
+))
+
+
+register(Exercise(
+    name="00.warmup_error",
+    template=("Your own timing run: the very first call of a training step took {first_call_s} s, a warm step "
+              "takes a median of {warm_median_s} s. Had you timed {steps} steps starting with the first call and "
+              "reported their mean, how many times the warm median would your step time be?"),
+    numbers={"first_call_s": 0.5, "warm_median_s": 0.05, "steps": 10},
+    solution="(first_call_s + (steps - 1) * warm_median_s) / steps / warm_median_s",
+    hint="the mean of the steps = (first call + (steps - 1) x warm step) / steps; divide it by the warm median",
+    rel_tol=0.02,
+    from_run=("first_call_s", "warm_median_s", "steps"),
 ))
 
 
@@ -202,7 +334,7 @@ register(Exercise(
               "in fp32 and half that in bf16. Counting only those parts, what fraction (0..1) of the fp32 "
               "peak memory does bf16 save? (Use 1 GiB = 2**30 bytes.)"),
     numbers={"num_params": 25e6, "act_gib": 6.0},
-    expected=lambda n: (n["act_gib"] / 2) / (n["num_params"] * 16 / 2**30 + n["act_gib"]),
+    solution="(act_gib / 2) / (num_params * 16 / 2**30 + act_gib)",
     hint=("fixed = parameters x (4 + 4 + 8) bytes (weights, gradients, two AdamW moments); fp32 peak = fixed + "
           "activations; bf16 saves half the activations and nothing of the fixed part"),
     rel_tol=0.02,
@@ -222,10 +354,24 @@ register(Exercise(
               "2**-24 and loses all its digits. A gradient element is {grad} in float32. What is the smallest "
               "exponent k such that the scaled gradient, gradient x 2**k, is at least 2**-24?"),
     numbers={"grad": 1e-9},
-    expected=lambda n: math.ceil(math.log2(2.0**-24 / n["grad"])),
+    solution="math.ceil(math.log2(2.0**-24 / grad))",
     hint="scaled gradient = gradient x 2**k must be at least 2**-24, so k >= log2(2**-24 / gradient); round up",
     rel_tol=0.0,
     diagnose=_power_of_two_hint,
+))
+
+
+register(Exercise(
+    name="01.own_saving",
+    template=("Your own runs: the fp32 step peaked at {fp32_peak_mib} MiB, with {fp32_activations_mib} MiB of "
+              "activations; in {low} the activations took {low_activations_mib} MiB. If the activations were all "
+              "that changed, what fraction (0..1) of the fp32 peak would {low} save?"),
+    numbers={"fp32_peak_mib": 40.0, "fp32_activations_mib": 30.0, "low_activations_mib": 16.0, "low": "bf16"},
+    solution="(fp32_activations_mib - low_activations_mib) / fp32_peak_mib",
+    hint="saved = fp32 activations - low-precision activations; divide by the fp32 peak",
+    rel_tol=0.02,
+    diagnose=_percent_not_fraction,
+    from_run=("fp32_peak_mib", "fp32_activations_mib", "low_activations_mib", "low"),
 ))
 
 
@@ -236,7 +382,7 @@ register(Exercise(
     template=("A batch-size sweep measured a peak of {peak_small_mib} MiB at batch {small} and {peak_large_mib} MiB "
               "at batch {large}. How many KiB of memory does each extra sample cost (the slope)?"),
     numbers={"small": 32, "peak_small_mib": 17.5, "large": 128, "peak_large_mib": 59.5},
-    expected=lambda n: (n["peak_large_mib"] - n["peak_small_mib"]) * 1024 / (n["large"] - n["small"]),
+    solution="(peak_large_mib - peak_small_mib) * 1024 / (large - small)",
     hint="slope = (peak at the large batch - peak at the small one) / (difference in batch size); 1 MiB = 1024 KiB",
 ))
 
@@ -255,11 +401,25 @@ register(Exercise(
     template=("You want the gradient of a batch of {batch} samples, but at most {max_fit} samples fit in memory at "
               "once. grad_accum must divide the batch. What is the smallest grad_accum that works?"),
     numbers=_ACCUM_NUMBERS,
-    expected=lambda n: next(k for k in range(1, n["batch"] + 1) if n["batch"] % k == 0 and n["batch"] // k <= n["max_fit"]),
+    solution="min(k for k in range(1, batch + 1) if batch % k == 0 and batch // k <= max_fit)",
     hint="the micro-batch is batch / grad_accum: it must be at most the largest that fits, and grad_accum must divide "
          "the batch (try 2, 4, 8, ...)",
     rel_tol=0.0,
     diagnose=_accumulation_hint,
+))
+
+
+register(Exercise(
+    name="02.max_batch",
+    template=("Your own sweep fitted peak memory = {fixed_mib} MiB + {kib_per_sample} KiB x batch. What is the "
+              "largest batch that this line says fits within a budget of {budget_mib} MiB? (A whole number: "
+              "round down.)"),
+    numbers={"fixed_mib": 3.0, "kib_per_sample": 160.0, "budget_mib": 40.0},
+    solution="math.floor((budget_mib - fixed_mib) * 1024 / kib_per_sample)",
+    hint="solve fixed + slope x batch <= budget for the batch: (budget - fixed) / slope, with both in KiB "
+         "(1 MiB = 1024 KiB), then round down",
+    rel_tol=0.0,
+    from_run=("fixed_mib", "kib_per_sample", "budget_mib"),
 ))
 
 
@@ -270,7 +430,7 @@ register(Exercise(
     template=("A model of {num_params} parameters is fine-tuned with AdamW, which keeps two float32 moments per "
               "parameter. How many GB (1 GB = 1e9 bytes) of optimizer state is that?"),
     numbers={"num_params": 7e9},
-    expected=lambda n: n["num_params"] * 2 * 4 / 1e9,
+    solution="num_params * 2 * 4 / 1e9",
     hint="two moments x 4 bytes = 8 bytes per parameter; divide the bytes by 1e9",
 ))
 
@@ -287,8 +447,22 @@ register(Exercise(
               "scale (4 bytes) per block of {block} values of each moment. How many bytes per parameter does its "
               "state take for a large tensor? (Give at least three decimals.)"),
     numbers={"block": 256},
-    expected=lambda n: 2 * (1 + 4 / n["block"]),
+    solution="2 * (1 + 4 / block)",
     hint="per moment: 1 byte + 4 bytes / block size; there are two moments",
     rel_tol=0.001,
     diagnose=_forgot_block_scales,
+))
+
+
+register(Exercise(
+    name="03.own_8bit",
+    template=("Your model's trainable tensors: {numel_large} values in tensors of at least {min_8bit_size} values, "
+              "{numel_small} in smaller ones. 8-bit AdamW keeps 2 moments of 1 byte per value plus a 4-byte scale per "
+              "block of {block} values for the large tensors, and 2 float32 moments (8 bytes per value) for the small "
+              "ones. How many bytes of optimizer state is that?"),
+    numbers={"numel_large": 1_000_000, "numel_small": 5_000, "min_8bit_size": 4096, "block": 256},
+    solution="numel_large * 2 * (1 + 4 / block) + numel_small * 8",
+    hint="large tensors: 2 x (1 + 4 / block) bytes per value; small ones: 8 bytes per value; add the two",
+    rel_tol=0.01,
+    from_run=("numel_large", "numel_small", "min_8bit_size", "block"),
 ))

@@ -192,11 +192,13 @@ def _free_cuda_memory() -> None:
 
 
 def load_reference(pattern: str = "*", **where) -> pd.DataFrame:
-    """Results measured on real GPUs, from ``src/labkit/assets/reference/<pattern>.json``.
+    """Reference results from ``src/labkit/assets/reference/<pattern>.json``: measured or published.
 
-    Each file holds ``{"gpu", "date", "versions", "runs": [RunResult dicts], "rows": [...]}``: runs
+    A measured file holds ``{"gpu", "date", "versions", "runs": [RunResult dicts], "rows": [...]}``: runs
     become rows shaped like `sweep`'s; ``rows`` (a frame written as records, e.g. a batch sweep with
     its extra columns) are taken as they are. Every row gets ``source = "reference: <gpu> <date>"``.
+    A published file (``"provenance": "published"``, with ``citation``, ``url`` and the ``quote`` it
+    rests on) holds ``rows`` only, and its rows get ``source = "published: <citation>"``.
     ``where`` filters on columns (config fields, or a part's own columns such as ``lr_setting``).
 
     Example:
@@ -205,7 +207,10 @@ def load_reference(pattern: str = "*", **where) -> pd.DataFrame:
     frames = []
     for path in sorted(REFERENCE_DIR.glob(f"{pattern}.json")):
         payload = json.loads(path.read_text())
-        source = f"reference: {payload.get('gpu', path.stem)} {payload.get('date', '')}".strip()
+        if payload.get("provenance") == "published":  # a figure from a paper or official docs, never ours
+            source = f"published: {payload['citation']}"
+        else:
+            source = f"reference: {payload.get('gpu', path.stem)} {payload.get('date', '')}".strip()
         if payload.get("runs"):
             frames.append(to_frame((RunResult.from_dict(r) for r in payload["runs"]), source=source))
         if payload.get("rows"):

@@ -134,6 +134,7 @@ class PanelRun:
 _CELLS_JS = """() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell.jp-CodeCell')).map((cell, i) => ({
     index: i,
     prompt: (cell.querySelector('.jp-InputArea-prompt') || {}).textContent || '',
+    hidden: !!cell.querySelector('.jp-InputPlaceholder'),  // a collapsed check cell: no prompt is drawn
     source: (cell.querySelector('.jp-InputArea-editor') || {}).textContent || '',
     trouble: Array.from(cell.querySelectorAll(arguments_selector)).map(o => o.textContent),
     stdout: Array.from(cell.querySelectorAll(
@@ -191,6 +192,20 @@ class NotebookPage:
 
     def cells(self) -> list[dict]:
         return self.page.evaluate(_CELLS_JS)
+
+
+def cells_not_run(cells: list[dict]) -> list[int]:
+    """The code cells that did not run. A collapsed cell (input hidden, as check cells are) draws no prompt,
+    so it counts as run when a visible cell after it ran: Run All runs the cells in order and stops at
+    the first failure (whose error box the test reports)."""
+    ran = [cell["prompt"].strip("[]: ").isdigit() for cell in cells]
+    later_visible_ran = False
+    for index in reversed(range(len(cells))):
+        if cells[index]["hidden"]:
+            ran[index] = later_visible_ran
+        else:
+            later_visible_ran = later_visible_ran or ran[index]
+    return [cell["index"] for cell, done in zip(cells, ran, strict=True) if not done]
 
     def panels(self):
         """The ExperimentPanels on the page (a widget box holding a Run button)."""

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from .conftest import ARTIFACTS, NOTEBOOKS
-from .jupyterlab import NotebookPage, longest_blank_stretch_px
+from .jupyterlab import NotebookPage, cells_not_run, longest_blank_stretch_px
 
 # Printed text wider than this wraps in JupyterLab's output area at the browser's 1280 px (about 125
 # monospace characters with the file browser closed), and JupyterLab breaks lines anywhere, mid-word too.
@@ -47,7 +47,7 @@ def test_notebook_in_jupyterlab(path, lab_server, page):
     start = time.monotonic()
     cells = notebook.run_all(timeout_s=RUN_ALL_TIMEOUT_S)
     record["run_all_s"] = round(time.monotonic() - start, 1)
-    not_run = [cell["index"] for cell in cells if not cell["prompt"].strip("[]: ").isdigit()]
+    not_run = cells_not_run(cells)
     assert not not_run, f"{path.name}: code cells {not_run} did not run (an earlier cell failed?)\n{lab_server.log()}"
     trouble = [f"cell {cell['index']}:\n{text[:600]}" for cell in cells for text in cell["trouble"]]
     assert not trouble, f"{path.name}: a learner sees error or warning boxes:\n" + "\n---\n".join(trouble)

@@ -105,16 +105,16 @@ def test_seed_claims_verdicts_follow_the_numbers():
     assert claims.loc["training time per epoch falls as the batch grows", "measured"] == (
         "0.50 s per epoch at batch 8, 0.28 s at 64 (0.56x)")
     assert claims.loc["inference time barely moves with the batch size", "verdict"] == "reproduced"
-    assert claims.loc["a middle batch size generalises best", "verdict"] == "reproduced"
-    refuted = batch_lab.seed_claims(_sweep_frame([0.90, 0.80, 0.75, 0.60], inference_s=(0.08, 0.05, 0.04, 0.03),
+    assert claims.loc["small batches generalise better (Keskar et al. 2017)", "verdict"] == "reproduced"
+    refuted = batch_lab.seed_claims(_sweep_frame([0.60, 0.80, 0.75, 0.90], inference_s=(0.08, 0.05, 0.04, 0.03),
                                                 epoch_s=(0.5, 0.5, 0.5, 0.5))).set_index("claim").verdict
     assert list(refuted) == ["reproduced", "refuted", "refuted", "refuted"]
     turning = batch_lab.seed_claims(_sweep_frame([0.7, 0.8, 0.75, 0.6], epoch_s=(0.5, 0.3, 0.2, 0.35)))
     turning = turning.set_index("claim").loc["training time per epoch falls as the batch grows"]
     assert turning.verdict == "partly: falls up to batch 32, then rises"
     assert turning.measured.endswith("; fastest 0.20 s at batch 32, slower beyond")
-    flat = batch_lab.seed_claims(_sweep_frame([0.700, 0.701, 0.700, 0.700])).set_index("claim").verdict
-    assert flat["a middle batch size generalises best"] == "inconclusive"  # 0.1 pp < one of 256 test images
+    flat = batch_lab.seed_claims(_sweep_frame([0.700, 0.701, 0.700, 0.701])).set_index("claim").verdict
+    assert flat["small batches generalise better (Keskar et al. 2017)"] == "inconclusive"  # 0.1 pp < one of 256 images
     with pytest.raises(ConfigError, match="at least 3 successful batch sizes"):
         batch_lab.seed_claims(_sweep_frame([0.7] * 4).iloc[:2])
 
@@ -178,3 +178,19 @@ def test_lr_scaling_finding_names_a_winner_only_beyond_the_noise():
     assert batch_lab.lr_scaling_finding(df).endswith("best: scaled.")
     df["accuracy"] = [0.80, 0.79, 0.78]
     assert batch_lab.lr_scaling_finding(df).endswith(f"no clear winner (all within {noise:.1%}, the test-set noise).")
+
+
+def test_epoch_time_floor_is_the_first_batch_within_ten_percent_of_the_fastest():
+    frame = _sweep_frame([0.7] * 4, epoch_s=(0.50, 0.30, 0.26, 0.25))
+    assert batch_lab.epoch_time_floor(frame) == 32  # 0.26 <= 1.1 x 0.25; 0.30 is not
+    assert batch_lab.epoch_time_floor(frame, within=0.5) == 16
+
+
+def test_the_fitted_line_against_the_search():
+    line = capacity.LinearMemory(fixed_bytes=3.14159 * 2**20, bytes_per_sample=163.7 * 1024, r2=0.999)
+    numbers = batch_lab.max_batch_numbers(line, 40 * 2**20)
+    assert numbers == {"fixed_mib": 3.14, "kib_per_sample": 164.0, "budget_mib": 40.0}
+    assert batch_lab.line_vs_search(numbers, 230) == "Your line predicts batch 230; find_max_batch_size found 230: the same."
+    text = batch_lab.line_vs_search(numbers, 200)
+    assert text.startswith("Your line predicts batch 230; find_max_batch_size found 200 by probing") and "(30 more, +15%)" in text
+    assert "not even one sample fits" in batch_lab.line_vs_search(numbers, 0)

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from labkit import capacity, measure, train
 from labkit.errors import ConfigError
@@ -135,3 +136,44 @@ def test_staged_runs_add_one_saver_at_a_time_then_all(small_cnn_bytes, tiny_cfg)
         memory_savers.staged_runs(tiny_cfg, precision="fp32")
     with pytest.raises(ConfigError, match=r"checkpointing=False is not allowed: True or a number of segments"):
         memory_savers.staged_runs(tiny_cfg, checkpointing=False)
+
+
+def test_checkpoint_variants_measure_activations_and_recomputed_flops():
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        saved = op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+        return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def selective(block, x):
+        return checkpoint(block, x, use_reentrant=False,
+                          context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+
+    frame = memory_savers.checkpoint_variants(
+        {"plain": lambda b, x: b(x), "full": lambda b, x: checkpoint(b, x, use_reentrant=False), "selective": selective},
+        width=64, depth=3, batch_size=128, repeats=1).set_index("variant")
+    assert (frame.max_grad_diff < 1e-6).all()
+    assert frame.activation_bytes["full"] < frame.activation_bytes["selective"] < frame.activation_bytes["plain"]
+    # Plain: 6 matmuls forward, 12 backward less the first one's input gradient = 17 units. Full checkpointing
+    # recomputes each block's first matmul only: torch stops a recomputation once the saved tensors the
+    # backward needs exist again, and the second matmul's output is not one of them. 20 / 17.
+    assert frame.flops_ratio["full"] == pytest.approx(20 / 17, rel=1e-6) and frame.flops_ratio["selective"] == 1.0
+    assert "full: activations" in memory_savers.variants_finding(frame.reset_index())
+    with pytest.raises(ConfigError, match="variants=.* is not allowed: a dict of name -> run"):
+        memory_savers.checkpoint_variants({"plain": 3})
+
+
+def test_eight_bit_numbers_and_finding_from_the_state_table(tiny_cfg):
+    trainer = train.Trainer(tiny_cfg.replace(optimizer="adamw8bit"))
+    trainer.step(*next(iter(trainer.loader)))
+    state = memory_savers.optimizer_state_table(trainer.optimizer, trainer.model)
+    numbers = memory_savers.eight_bit_numbers(state)
+    total = sum(p.numel() for p in trainer.model.parameters())
+    assert numbers["numel_large"] + numbers["numel_small"] == total and numbers["block"] == 256
+    assert numbers["numel_small"] == 2882  # small_cnn's tensors under 4,096 elements (see conftest)
+    computed = numbers["numel_large"] * 2 * (1 + 4 / 256) + numbers["numel_small"] * 8
+    text = memory_savers.eight_bit_finding(numbers, state)
+    assert f"The arithmetic gives {computed:,.0f} bytes" in text
+    assert abs(state.state_bytes.sum() / computed - 1) < 0.02  # maps and per-tensor rounding only

@@ -4,6 +4,7 @@
 import pandas as pd
 import pytest
 
+import labkit
 from labkit import results
 from labkit.labs import mixed_precision
 
@@ -188,3 +189,30 @@ def test_scaler_finding():
     trace = pd.DataFrame({"step": [1, 2, 3], "scale": [2.0**20, 2.0**19, 2.0**19], "skipped": [True, False, False]})
     assert mixed_precision.scaler_finding(trace) == ("1 of 3 optimizer steps were skipped (inf/NaN gradients); the scale "
                                                "went from 2**20 to 2**19 by the last step.")
+
+
+def _setups_frame():
+    mib = 2**20
+    rows = [("fp32", 0.10, 40, 30), ("fp32 + TF32", 0.10, 40, 30), ("fp16 + GradScaler", 0.05, 26, 16),
+            ("bf16", 0.08, 24, 15)]
+    return pd.DataFrame([{"setup": s, "step_time_s": t, "peak_memory_bytes": p * mib, "mem_activations_bytes": a * mib,
+                          "error": None} for s, t, p, a in rows])
+
+
+def test_prediction_figures_come_from_the_frame():
+    df = _setups_frame()
+    assert mixed_precision.peak_fraction(df, "bf16") == 24 / 40 and mixed_precision.speedup(df, "fp16") == 2.0
+    assert mixed_precision.own_saving_numbers(df, "bf16") == {"fp32_peak_mib": 40.0, "fp32_activations_mib": 30.0,
+                                                  "low_activations_mib": 15.0, "low": "bf16"}
+    text = mixed_precision.own_saving_finding(df, "bf16")
+    assert "From the activations alone: 37.5% of the fp32 peak; measured: bf16 saved 40.0% of it" in text
+
+
+def test_speedups_put_published_rows_beside_the_live_ones():
+    published = labkit.load_reference("01_mixed_precision-speedup-published*")
+    assert list(published.speedup_vs_fp32) == [2.0, 3.0]
+    assert published.source.str.startswith("published: PyTorch recipe 'Automatic Mixed Precision'").all()
+    live, reference = mixed_precision.speedups(_setups_frame(), published)
+    assert dict(zip(live.setup, live.speedup_vs_fp32, strict=True))["fp16 + GradScaler"] == 2.0
+    assert list(reference.speedup_vs_fp32) == [2.0, 3.0, pytest.approx(65 / 8.1)]
+    assert reference.source.str.startswith("published: ").all()

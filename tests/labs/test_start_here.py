@@ -88,3 +88,19 @@ def test_flops_against_peaks_puts_the_run_beside_published_peaks_and_measured_ru
     assert list(rows.setup) == ["Tesla T4 run (fp16)", "T4 fp16 peak"]
     assert "of the T4 fp16 peak" in start_here.peaks_finding(live, rows)
     assert "Tesla T4 run" not in start_here.peaks_finding(live, rows)  # a measured run is no peak
+
+
+def test_timing_says_when_the_first_call_was_already_warm():
+    tp = TimingPitfalls(first_call_s=0.009, warm_median_s=0.010, unsynced_median_s=0.010, device="cpu", repeats=10)
+    text = start_here.timing(tp)
+    assert "0.9x the warm median" in text and "hardly slower" in text and "would overstate" not in text
+
+
+def test_warmup_numbers_are_the_timing_demos_own_rounded():
+    tp = TimingPitfalls(first_call_s=0.123456, warm_median_s=0.0456789, unsynced_median_s=0.04, device="cpu",
+                        repeats=10)
+    assert start_here.warmup_numbers(tp) == {"first_call_s": 0.123, "warm_median_s": 0.0457, "steps": 10}
+
+
+def test_activation_share_is_the_activations_peak_over_the_step_peak():
+    assert start_here.activation_share(_result()) == 26 / 31

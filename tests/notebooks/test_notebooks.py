@@ -88,12 +88,67 @@ def test_profile_is_read_once_and_never_branched_on(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_ends_with_a_checked_exercise(path):
+def test_exercises_include_code_and_the_learners_own_numbers(path):
     code = [source(c) for c in cells(path, "code")]
     checks = [c for c in code if "exercises.check(" in c]
-    assert checks and all("answer = None  # YOUR CODE" in c for c in checks)
-    for name in re.findall(r'exercises\.check\("([^"]+)"', "\n".join(checks)):
-        assert name in exercises.names()
+    assert checks
+    names = re.findall(r'exercises\.check\("([^"]+)"', "\n".join(checks))
+    assert all(name in exercises.names() for name in names), names
+    kinds = {name: exercises.get(name) for name in names}
+    coded = [n for n, e in kinds.items() if isinstance(e, exercises.CodeExercise)]
+    own = [n for n, e in kinds.items() if getattr(e, "from_run", ())]
+    assert coded and own, f"{path.name}: needs a code exercise and one on the learner's own numbers"
+    for cell in checks:  # an untouched cell reports "not attempted yet"
+        assert "answer = None  # YOUR CODE" in cell or "raise NotImplementedError  # YOUR CODE" in cell, cell
+    for name in own:  # the notebook passes the learner's numbers to question and check
+        assert any(f'exercises.question("{name}", mine)' in c for c in code)
+        assert any(f'exercises.check("{name}", answer, mine)' in c for c in checks)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_header_says_what_you_need_how_long_and_what_is_inside(path):
+    header = source(cells(path)[0])
+    assert "**You will learn**" in header and "**What you need:**" in header and "**Contents:**" in header
+    time = re.sub(r"\s+", " ", header.split("**Time:**")[1])
+    assert re.match(r" about .+? at `quick` on a 2-core CPU, about .+? at `full` on a T4", time), time
+    for part in ("Pitfalls", "Going further", "Summary", "Further reading", "Exercises"):
+        assert part in header, part
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_closing_sections_in_order_with_linked_reading(path):
+    headings = [source(c).splitlines()[0] for c in cells(path, "markdown")]
+    order = ["## Pitfalls", "## Going further", "## Summary", "## Further reading", "## Exercises"]
+    found = [h for h in headings if h in order]
+    assert found == order, found
+    reading = next(source(c) for c in cells(path, "markdown") if source(c).startswith("## Further reading"))
+    assert len(re.findall(r"https://\S+", reading)) >= 3
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_guess_is_printed_beside_its_measurement(path):
+    code = [source(c) for c in cells(path, "code")]
+    guesses = re.findall(r"^(guess_\w+) = None  # YOUR GUESS", "\n".join(code), flags=re.M)
+    assert guesses, f"{path.name}: no predict-first cell"
+    for name in guesses:
+        assert any(f"guesses.versus({name}," in c for c in code), name
+
+
+def _is_check(code: str) -> bool:
+    return bool(re.search(r"^\s*assert ", code, flags=re.M))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_check_cells_are_collapsed_tagged_and_teach_nothing(path):
+    for cell in cells(path, "code"):
+        code, meta = source(cell), cell["metadata"]
+        tagged = "check" in meta.get("tags", [])
+        assert _is_check(code) == tagged, code
+        if tagged:
+            assert meta.get("jupyter", {}).get("source_hidden") is True, code
+            # collapsed, a cell shows its first line: it says what is checked
+            assert code.startswith("# "), f"a check cell starts with a comment saying what it checks: {code}"
+            assert "print(" not in code and "plots." not in code, f"a check cell shows nothing: {code}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -90,6 +90,25 @@ def test_run_in_fp32_inside_autocast_matches_float32_gradients():
     torch.testing.assert_close(a.grad, grad)
 
 
+def test_run_in_fp32_passes_gradients_back_to_a_low_precision_input():
+    # The usual case: the input is an autocast matmul's bf16 output, cast to float32 inside the Function.
+    def fn(t):
+        return t.exp().sum(-1).log()
+
+    torch.manual_seed(0)
+    x = (torch.randn(4, 16) / 4).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = x @ x.T
+        assert inside.dtype == torch.bfloat16
+        with torch.autocast("cpu", enabled=False):
+            expected = fn(inside.float())
+        out = precision.run_in_fp32(fn, inside)
+    (want,) = torch.autograd.grad(expected.sum(), x, retain_graph=True)  # the matmul is shared
+    (got,) = torch.autograd.grad(out.sum(), x)
+    assert got.abs().sum() > 0
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("env, expected", [
     ({"device": "cuda", "bf16": True}, "bf16"), ({"device": "cuda", "bf16": False}, "fp16"),
     ({"device": "cpu", "bf16": True, "fp16_native": False}, "bf16"),

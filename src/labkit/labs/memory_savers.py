@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .. import data, models, results, train
+from .. import data, measure, models, results, train
 from ..capacity import model_training_memory, step_memory, training_memory
 from ..config import RunConfig
 from ..env import env_report
@@ -506,3 +506,117 @@ def staged_runs(cfg: RunConfig, precision: str | None = None, checkpointing: boo
     frame["state_bytes"] = [sum(r.memory.get(k, 0) or 0 for k in ("parameters", "gradients", "optimizer_state"))
                             if r.memory else None for r in runs]
     return StagedRuns(results=labelled, frame=frame)
+
+
+# --- Selective checkpointing, measured on a stack of MLP blocks ---------------------------------------------
+
+
+def mlp_blocks(seed: int = 0, width: int = 256, depth: int = 4) -> nn.Sequential:
+    """``depth`` MLP blocks (Linear, GELU, Linear: a transformer's feed-forward part) as an nn.Sequential."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+                           for _ in range(depth)])
+
+
+def activation_peak(blocks: nn.Module, forward, x: torch.Tensor) -> tuple[int, list[torch.Tensor], torch.Tensor]:
+    """Peak activation bytes of ``forward(blocks, x)`` and its backward (MemTracker), the gradients and the output."""
+    blocks.zero_grad(set_to_none=True)
+    holder = {}
+
+    def step():
+        out = forward(blocks, x)
+        holder["out"] = out.detach()
+        out.square().mean().backward()
+
+    optimizer = torch.optim.SGD(blocks.parameters(), lr=0.0)  # the tracker files state by optimizer
+    breakdown = measure.track_step_memory(step, blocks, optimizer, x.device)
+    grads = [None if p.grad is None else p.grad.clone() for p in blocks.parameters()]
+    blocks.zero_grad(set_to_none=True)
+    return breakdown.peak_by_category.get("activations", 0), grads, holder["out"]
+
+
+def checkpoint_variants(variants: dict, width: int = 256, depth: int = 4, batch_size: int = 512,
+                        repeats: int = 5) -> pd.DataFrame:
+    """Each way of running a block, measured on `mlp_blocks`: activations, FLOPs, time, and whether the
+    gradients equal the plain forward's.
+
+    Args:
+        variants: name -> ``run(block, x)``, e.g. ``{"plain": lambda b, x: b(x), "full": lambda b, x:
+            checkpoint(b, x, use_reentrant=False)}``; the first is the baseline the ratios compare with.
+        width, depth: the blocks' size. batch_size: rows of the input. repeats: timed forward + backward passes.
+
+    Returns:
+        A frame: ``variant``, ``activation_bytes``, ``flops``, ``step_time_s``, ``activation_ratio``,
+        ``flops_ratio``, ``time_ratio``, ``max_grad_diff``.
+
+    Example:
+        >>> checkpoint_variants({"plain": lambda b, x: b(x), "selective": my_selective})
+    """
+    if not variants or not all(callable(v) for v in variants.values()):
+        raise ConfigError("variants", variants, "a dict of name -> run(block, x) functions")
+    blocks = mlp_blocks(width=width, depth=depth)
+    x = torch.randn(batch_size, width, generator=torch.Generator().manual_seed(1))
+    rows, base_grads = [], None
+    for name, run in variants.items():
+        def forward(stack, t, run=run):
+            for block in stack:
+                t = run(block, t)
+            return t
+
+        act, grads, _ = activation_peak(blocks, forward, x)
+        flops = measure.count_flops(lambda: forward(blocks, x).square().mean().backward())
+        blocks.zero_grad(set_to_none=True)
+        timer = measure.StepTimer(x.device)
+        for index in range(repeats + 1):
+            if index:
+                timer.start()
+            forward(blocks, x).square().mean().backward()
+            if index:
+                timer.stop()
+            blocks.zero_grad(set_to_none=True)
+        base_grads = base_grads or grads
+        diff = max(float((a - b).abs().max()) for a, b in zip(grads, base_grads, strict=True))
+        rows.append({"variant": name, "activation_bytes": act, "flops": flops,
+                     "step_time_s": measure.spread(timer.times_s())[0], "max_grad_diff": diff})
+    frame = pd.DataFrame(rows)
+    base = frame.iloc[0]
+    for column, key in (("activation_ratio", "activation_bytes"), ("flops_ratio", "flops"), ("time_ratio", "step_time_s")):
+        frame[column] = frame[key] / base[key]
+    return frame
+
+
+@worded
+def variants_finding(frame: pd.DataFrame) -> str:
+    """What each checkpointing variant saved and cost, against the first (plain) one."""
+    base = frame.iloc[0]
+    parts = [f"{row.variant}: activations {row.activation_ratio:.2f}x, FLOPs {row.flops_ratio:.2f}x, time "
+             f"{row.time_ratio:.2f}x" for row in frame.iloc[1:].itertuples()]
+    return (f"Against {base.variant} ({mib(base.activation_bytes, '.1f')} of activations): " + "; ".join(parts)
+            + ". FLOPs count the recomputed forward exactly; times are this machine's, noisy at this size.")
+
+
+# --- 8-bit state from the tensor sizes ------------------------------------------------------------------------
+
+BNB_BLOCK = 256  # bitsandbytes' block size for 8-bit optimizer state: one fp32 scale per 256 values
+
+
+def eight_bit_numbers(state: pd.DataFrame, min_8bit_size: int = MIN_8BIT_SIZE) -> dict:
+    """Your own numbers for exercise ``03.own_8bit``, from `optimizer_state_table` of an 8-bit optimizer."""
+    tensors = state[state["numel"] > 0]
+    small = tensors["numel"] < min_8bit_size
+    return {"numel_large": int(tensors.loc[~small, "numel"].sum()), "numel_small": int(tensors.loc[small, "numel"].sum()),
+            "min_8bit_size": min_8bit_size, "block": BNB_BLOCK}
+
+
+@worded
+def eight_bit_finding(numbers: dict, state: pd.DataFrame) -> str:
+    """The state the exercise's arithmetic gives beside what the optimizer really holds."""
+    computed = numbers["numel_large"] * 2 * (1 + 4 / numbers["block"]) + numbers["numel_small"] * 8
+    measured = int(state["state_bytes"].sum())
+    shared = int(state.loc[state["numel"] == 0, "state_bytes"].sum())
+    rest = measured - shared - round(computed)
+    tail = ("the per-tensor state matches the arithmetic exactly" if rest == 0 else
+            f"the remaining {rest:+,} bytes are each tensor's block count rounded up to whole blocks")
+    return (f"The arithmetic gives {computed:,.0f} bytes; the optimizer holds {measured:,} bytes "
+            f"({measured / computed - 1:+.1%}): {shared:,} of them are the quantisation maps shared by all tensors "
+            f"(two tables of 256 float32 values), and {tail}.")

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from .. import data, results, train
 from ..env import has_tensor_cores, native_bf16
+from ..measure import PEAK_FLOPS
 from ..messages import note, worded
 from ..techniques.precision import DTYPES, Precision, autocast
 from ..units import MIB, change_between
@@ -420,3 +421,74 @@ def scaler_finding(trace: pd.DataFrame) -> str:
     first, last = trace["scale"].iloc[0], trace["scale"].iloc[-1]
     return (f"{skipped} of {len(trace)} optimizer steps were skipped (inf/NaN gradients); the scale went from "
             f"2**{math.log2(first):.0f} to 2**{math.log2(last):.0f} by the last step.")
+
+
+def low_setup(low: str) -> str:
+    """The setup label of the low precision ``low`` ("bf16" or "fp16") in `table`'s frames."""
+    return setup_label(low, False)
+
+
+def peak_fraction(df, low: str) -> float:
+    """The ``low`` setup's peak memory as a fraction of fp32's (the figure section 2 asks to predict)."""
+    rows = _by_setup(df)
+    return rows[low_setup(low)]["peak_memory_bytes"] / rows["fp32"]["peak_memory_bytes"]
+
+
+def speedup(df, low: str) -> float:
+    """fp32's step time over the ``low`` setup's: above 1, ``low`` is faster."""
+    rows = _by_setup(df)
+    return rows["fp32"]["step_time_s"] / rows[low_setup(low)]["step_time_s"]
+
+
+def own_saving_numbers(df, low: str) -> dict:
+    """Your own numbers for exercise ``01.own_saving``, from the comparison's frame (MiB, three digits)."""
+    rows = _by_setup(df)
+    fp32, lower = rows["fp32"], rows[low_setup(low)]
+
+    def in_mib(value):
+        return float(f"{value / MIB:.3g}")
+
+    return {"fp32_peak_mib": in_mib(fp32["peak_memory_bytes"]),
+            "fp32_activations_mib": in_mib(fp32["mem_activations_bytes"]),
+            "low_activations_mib": in_mib(lower["mem_activations_bytes"]), "low": low}
+
+
+@worded
+def own_saving_finding(df, low: str) -> str:
+    """The measured saving beside the one the exercise computes from the activations alone."""
+    numbers = own_saving_numbers(df, low)
+    from_activations = (numbers["fp32_activations_mib"] - numbers["low_activations_mib"]) / numbers["fp32_peak_mib"]
+    measured = 1 - peak_fraction(df, low)
+    gap = ("the rest of the difference is the backward pass's temporary buffers (\"other\"), which shrink too, and "
+           "when each category peaks" if abs(measured - from_activations) > 0.02 else
+           "the activations account for the whole saving")
+    return (f"From the activations alone: {from_activations:.1%} of the fp32 peak; measured: {low} saved "
+            f"{measured:.1%} of it: {gap}.")
+
+
+SPEEDUP_SOURCE = "published: NVIDIA T4 datasheet, tensor-core fp16 peak / fp32 peak"
+
+
+def speedups(df, published: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each setup's speed relative to fp32, and published speed-ups to draw beside it.
+
+    The published rows are `labkit.load_reference` rows with ``provenance`` published (the PyTorch AMP
+    recipe's 2-3x on tensor-core GPUs) plus the ratio of the T4's datasheet peaks, an upper bound no
+    real model reaches. None of them is a measurement of this lab.
+
+    Returns:
+        ``(live, reference)`` frames with ``setup`` and ``speedup_vs_fp32``, for
+        ``plots.bar(live, x="setup", y="speedup_vs_fp32", reference=reference)``.
+
+    Example:
+        >>> live, ref = speedups(df, labkit.load_reference("01_mixed_precision-speedup-published*"))
+    """
+    rows = _by_setup(df)
+    base = rows["fp32"]["step_time_s"]
+    live = pd.DataFrame([{"setup": label, "speedup_vs_fp32": base / row["step_time_s"], "source": "live"}
+                         for label, row in rows.items()])
+    t4 = PEAK_FLOPS["T4"]
+    reference = [{"setup": "T4 peaks: fp16 / fp32", "speedup_vs_fp32": t4["fp16"] / t4["fp32"], "source": SPEEDUP_SOURCE}]
+    if published is not None and len(published):
+        reference = published[["setup", "speedup_vs_fp32", "source"]].to_dict("records") + reference
+    return live, pd.DataFrame(reference)

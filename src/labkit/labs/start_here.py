@@ -21,6 +21,7 @@ from ..units import mib
 # their datasheets quote for training: fp32 (CUDA cores) and fp16 (tensor cores where there are any).
 PEAK_GPUS = (("T4", "fp32"), ("T4", "fp16"), ("P100", "fp32"), ("A100", "fp32"), ("A100", "bf16"))
 PEAK_SOURCE = "published: NVIDIA datasheet peaks"
+WARM_ALREADY = 1.2  # a first call under 1.2x the warm median paid no one-off cost worth the name
 
 
 def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> TimingPitfalls:
@@ -37,12 +38,17 @@ def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> TimingPit
 @worded
 def timing(tp: TimingPitfalls) -> str:
     """What the timing demo showed: cold vs warm, and unsynchronised vs synchronised."""
-    lines = [
-        f"First call: {tp.first_call_s * 1e3:.2f} ms, {tp.cold_vs_warm:.1f}x the warm median of "
-        f"{tp.warm_median_s * 1e3:.2f} ms over {tp.repeats} calls. The first call pays one-off costs "
-        "(allocating memory, choosing kernels" + (", creating cuBLAS/cuDNN handles" if tp.device == "cuda" else "")
-        + "); timing it would overstate the step time.",
-    ]
+    first = (f"First call: {tp.first_call_s * 1e3:.2f} ms, {tp.cold_vs_warm:.1f}x the warm median of "
+             f"{tp.warm_median_s * 1e3:.2f} ms over {tp.repeats} calls.")
+    if tp.cold_vs_warm >= WARM_ALREADY:
+        first += (" The first call pays one-off costs (allocating memory, choosing kernels"
+                  + (", creating cuBLAS/cuDNN handles" if tp.device == "cuda" else "")
+                  + "); timing it would overstate the step time.")
+    else:
+        first += (" Here it was hardly slower: this process had already run the same model's operations (an earlier "
+                  "cell), so memory and kernels were warm. In a fresh process, and on a GPU, the first call pays "
+                  "one-off costs (allocation, kernel choice); warm up anyway.")
+    lines = [first]
     ratio = tp.unsynced_vs_synced
     if tp.device == "cuda":
         if ratio < 0.8:
@@ -175,3 +181,23 @@ def peaks_finding(live: pd.DataFrame, peaks: pd.DataFrame) -> str:
              if row.source == PEAK_SOURCE]
     return (f"Your run achieved {achieved / 1e12:.3g} TFLOP/s: " + ", ".join(parts)
             + ". A model this small leaves any GPU mostly idle; the gap is the room later notebooks work in.")
+
+
+def _three_digits(value: float) -> float:
+    """A measured number as a question shows it (three significant digits), so the learner can redo the sum."""
+    return float(f"{value:.3g}")
+
+
+def warmup_numbers(tp: TimingPitfalls, steps: int = 10) -> dict:
+    """Your own numbers for exercise ``00.warmup_error``: the timing demo's first call and warm median.
+
+    Example:
+        >>> print(labkit.exercises.question("00.warmup_error", warmup_numbers(tp)))
+    """
+    return {"first_call_s": _three_digits(tp.first_call_s), "warm_median_s": _three_digits(tp.warm_median_s),
+            "steps": steps}
+
+
+def activation_share(res: RunResult) -> float:
+    """The activations' peak as a fraction of the step's peak memory (the figure section 2 asks to predict)."""
+    return res.memory["activations"] / res.peak_memory_bytes

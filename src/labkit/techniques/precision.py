@@ -139,7 +139,10 @@ def _fp32_function(device_type: str) -> type:
             @torch.amp.custom_bwd(device_type=device_type)
             def backward(ctx, grad_output):
                 # Recompute the forward with autograd on (a small op is cheaper to recompute than to keep).
-                inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+                # Which inputs need a gradient comes from autograd: a saved input cast to float32 (from a
+                # bf16/fp16 activation) was made inside forward, without grad, and says requires_grad=False.
+                needs = ctx.needs_input_grad[1:]
+                inputs = [t.detach().requires_grad_(need) for t, need in zip(ctx.saved_tensors, needs, strict=True)]
                 with torch.enable_grad():
                     output = ctx.fn(*inputs)
                 wanted = [t for t in inputs if t.requires_grad]

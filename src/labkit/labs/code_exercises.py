@@ -1,0 +1,271 @@
+"""The notebooks' code exercises: the learner writes a technique's core function, the checker runs it
+against the engine.
+
+Each exercise has a reference solution here (what `labkit.exercises.solution(name)` prints for
+instructors) and a checker that raises `labkit.exercises.WrongAnswer` with a hint naming what differs.
+Importing any lab module registers them (`labkit.labs` imports this module).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .. import data, exercises, models
+from ..config import RunConfig
+from ..env import resolve_device
+from ..equivalence import compare_step
+from ..exercises import CodeExercise, WrongAnswer
+from ..train import run_splits
+from .batch_size import without_batchnorm
+from .memory_savers import activation_peak, mlp_blocks
+
+# --- 00: a timer that is right on a GPU ------------------------------------------------------------------
+
+
+def time_steps_solution(step, sync, warmup=3, repeats=10):
+    """Time ``repeats`` calls of ``step()`` after ``warmup`` untimed ones; return each call's seconds."""
+    import time
+
+    for _ in range(warmup):
+        step()
+    sync()  # the warm-up's queued work must not land in the first timed step
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        sync()  # wait for the queued work before reading the clock
+        times.append(time.perf_counter() - start)
+    return times
+
+
+class FakeAsyncDevice:
+    """A pretend GPU: ``step()`` only queues work and returns at once, ``sync()`` waits for the queue.
+
+    The first ``warmup`` steps are slow (as a GPU's first kernels are), later ones take ``step_s``.
+    """
+
+    def __init__(self, warmup: int, step_s: float = 0.01, first_s: float = 0.1):
+        self.warmup, self.step_s, self.first_s = warmup, step_s, first_s
+        self.calls = 0
+        self.queued_s = 0.0
+
+    def step(self) -> None:
+        self.queued_s += self.first_s if self.calls < self.warmup else self.step_s
+        self.calls += 1
+
+    def sync(self) -> None:
+        time.sleep(self.queued_s)
+        self.queued_s = 0.0
+
+
+def _check_timer(time_steps) -> str:
+    warmup, repeats = 3, 8
+    device = FakeAsyncDevice(warmup)
+    times = time_steps(device.step, device.sync, warmup, repeats)
+    try:
+        times = [float(t) for t in times]
+    except TypeError:
+        raise WrongAnswer("00.timer: return a list with one time in seconds per timed step") from None
+    if len(times) != repeats:
+        raise WrongAnswer(f"00.timer: {len(times)} times returned for repeats={repeats}: return one per timed step "
+                          "(the warm-up steps are not timed)")
+    if device.calls != warmup + repeats:
+        raise WrongAnswer(f"00.timer: step() was called {device.calls} times; expected warmup + repeats = "
+                          f"{warmup + repeats}")
+    too_short = [t for t in times if t < 0.7 * device.step_s]
+    if too_short:
+        raise WrongAnswer(f"00.timer: a step of {device.step_s * 1e3:.0f} ms was timed as {min(too_short) * 1e3:.2f} ms: "
+                          "the clock was read before the queued work finished. Hint: call sync() after step() "
+                          "and before reading the clock")
+    if max(times) > 0.6 * device.first_s:
+        raise WrongAnswer(f"00.timer: a timed step took {max(times) * 1e3:.0f} ms, as long as a warm-up step: the "
+                          "warm-up's queued work landed in it. Hint: call sync() once after the warm-up loop")
+    median = sorted(times)[len(times) // 2]
+    return (f"On a pretend GPU that queues work, your timer measured a median of {median * 1e3:.1f} ms for a "
+            f"{device.step_s * 1e3:.0f} ms step, warm-up excluded: labkit's StepTimer follows the same rule.")
+
+
+exercises.register(CodeExercise(
+    name="00.timer",
+    task=("Complete time_steps(step, sync, warmup, repeats): call step() warmup times untimed, then time "
+          "repeats calls with time.perf_counter() and return the list of their durations in seconds. step() may "
+          "return before its work is done (as on a GPU); sync() waits until it is."),
+    checker=_check_timer,
+    reference=time_steps_solution,
+))
+
+
+# --- 01: the mixed-precision step ------------------------------------------------------------------------
+
+
+def amp_step_solution(model, images, labels, optimizer, scaler, dtype, max_norm=1.0):
+    """One mixed-precision step: autocast forward, scaled backward, unscale, clip, step, update."""
+    with torch.autocast(images.device.type, dtype=dtype):
+        loss = F.cross_entropy(model(images), labels)
+    scaler.scale(loss).backward()  # a disabled scaler (bf16) passes the loss through
+    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)  # skips the step if a gradient is inf/NaN
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def exercise_config(**changes) -> RunConfig:
+    """The small run the code exercises compare against: small_cnn on shapes10, batch 16, from scratch."""
+    return RunConfig(model="small_cnn", dataset="shapes10", batch_size=16, pretrained=False, max_steps=4,
+                     **changes)
+
+
+def _diagnose_step(name: str, comparison, precision: str) -> str | None:
+    if comparison.engine_steps != comparison.plain_steps:
+        return (f"optimizer.step() ran {comparison.plain_steps} times in your step, {comparison.engine_steps} in the "
+                "engine's. Hint: step through the scaler, scaler.step(optimizer), once per step")
+    if comparison.engine_scale != comparison.plain_scale:
+        return (f"the GradScaler's scale is {comparison.plain_scale:g}, the engine's {comparison.engine_scale:g}. "
+                "Hint: call scaler.update() once after scaler.step(optimizer)")
+    if not comparison.same(rel_tol=1e-4):
+        return (f"in {precision}, the gradients the optimizer got differ from the engine's by "
+                f"{comparison.grad_diff:.2g} (relative). Hint: scale the loss before backward(), call "
+                "scaler.unscale_(optimizer) before clipping, clip to max_norm, and zero the gradients every step")
+    return None
+
+
+def _check_amp_step(amp_step) -> str:
+    for precision in ("fp16", "bf16"):
+        step = functools.partial(amp_step, max_norm=1.0)
+        comparison = compare_step(step, exercise_config(precision=precision, grad_clip=1.0))
+        problem = _diagnose_step("01.amp_step", comparison, precision)
+        if problem:
+            raise WrongAnswer(f"01.amp_step: {problem}")
+    # A scale of 2**40 overflows fp16 gradients: the engine skips that step, and so must yours.
+    overflow = compare_step(functools.partial(amp_step, max_norm=1.0), exercise_config(precision="fp16", grad_clip=1.0),
+                            steps=1, init_scale=2.0**40)
+    if overflow.plain_steps:
+        raise WrongAnswer("01.amp_step: with fp16 gradients that overflowed (inf), your step still stepped the "
+                          "optimizer, and the weights became inf/NaN. Hint: step through the scaler, "
+                          "scaler.step(optimizer): it skips the step when a gradient is not finite")
+    return ("In fp16 (with a GradScaler) and in bf16 (its scaler disabled), two steps of your function gave the "
+            "optimizer the same gradients as labkit's Trainer.step, clipped to 1.0, and it skipped a step whose "
+            "gradients overflowed.")
+
+
+exercises.register(CodeExercise(
+    name="01.amp_step",
+    task=("Complete amp_step(model, images, labels, optimizer, scaler, dtype, max_norm): one training step "
+          "under torch.autocast(dtype=dtype) with the loss through the GradScaler, the gradients clipped to max_norm "
+          "(unscaled first), the optimizer step and the scaler's update. It must work for fp16 (an enabled "
+          "scaler) and bf16 (a disabled one)."),
+    checker=_check_amp_step,
+    reference=amp_step_solution,
+))
+
+
+# --- 02: accumulation over micro-batches of different sizes ----------------------------------------------
+
+
+def accumulate_solution(model, micro_batches):
+    """Leave in ``.grad`` the gradient of the mean loss over all samples of ``micro_batches``."""
+    total = sum(len(labels) for _, labels in micro_batches)
+    for images, labels in micro_batches:
+        # each micro-batch's mean loss, weighted by its share of the samples (k equal ones: 1/k each)
+        loss = F.cross_entropy(model(images), labels) * (len(labels) / total)
+        loss.backward()
+
+
+def _batchnorm_free(seed: int = 0):
+    cfg = exercise_config()
+    device = resolve_device(cfg.device)
+    split = run_splits(cfg)["train"]
+    torch.manual_seed(seed)
+    model = without_batchnorm(models.build(cfg.model, split.num_classes, pretrained=False)[0])
+    return model.to(device), split, device
+
+
+def _check_accumulate(accumulate) -> str:
+    model, split, device = _batchnorm_free()
+    x = data.to_model_input(split.images[:32], split, device)
+    y = split.labels[:32].to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    F.cross_entropy(model(x), y).backward()
+    whole = [p.grad.clone() for p in params]
+    largest = max(float(g.abs().max()) for g in whole)
+    for sizes in ((8, 8, 8, 8), (5, 11, 16)):
+        model.zero_grad(set_to_none=True)
+        bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        accumulate(model, [(x[a:b], y[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)])
+        if any(p.grad is None for p in params):
+            raise WrongAnswer("02.accumulate: some parameters have no gradient: call backward() on every micro-batch's loss")
+        diff = max(float((p.grad - g).abs().max()) for p, g in zip(params, whole, strict=True)) / largest
+        if diff > 1e-4:
+            hint = ("divide each micro-batch's loss so that the sum is the mean over all samples" if len(set(sizes)) == 1
+                    else "with unequal micro-batches, 1/k is wrong: weight each micro-batch's mean loss by its "
+                         "share of the samples, len(labels) / total")
+            raise WrongAnswer(f"02.accumulate: with micro-batches of {sizes} samples the gradient differs from the "
+                              f"whole batch's by {diff:.2g} (relative). Hint: {hint}")
+
+    def engine_like(model, images, labels, optimizer):
+        accumulate(model, list(zip(images.chunk(4), labels.chunk(4), strict=True)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    comparison = compare_step(engine_like, exercise_config(grad_accum=4, optimizer="sgd", lr=0.1))
+    if not comparison.same(rel_tol=1e-4):
+        raise WrongAnswer(f"02.accumulate: with 4 equal micro-batches your gradients differ from Trainer.step's "
+                          f"(grad_accum=4) by {comparison.grad_diff:.2g}")
+    return ("Your accumulation gives the whole batch's gradient for equal and unequal micro-batches, and equals "
+            "labkit's Trainer.step with grad_accum=4.")
+
+
+exercises.register(CodeExercise(
+    name="02.accumulate",
+    task=("Complete accumulate(model, micro_batches): micro_batches is a list of (images, labels) pairs, possibly "
+          "of different sizes. Run forward and backward on each so that, afterwards, every parameter's .grad is the "
+          "gradient of the mean cross-entropy over all their samples together (no optimizer step)."),
+    checker=_check_accumulate,
+    reference=accumulate_solution,
+))
+
+
+# --- 03: checkpoint an nn.Sequential ---------------------------------------------------------------------
+
+
+def checkpointed_forward_solution(blocks, x):
+    """Run ``blocks`` (an nn.Sequential) on ``x``, each block under a checkpoint."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks:
+        x = checkpoint(block, x, use_reentrant=False)  # keep only the block's input; recompute the rest
+    return x
+
+
+def _check_checkpointed(forward) -> str:
+    blocks = mlp_blocks()
+    x = torch.randn(256, 256)
+    plain_bytes, plain_grads, plain_out = activation_peak(blocks, lambda b, t: b(t), x)
+    yours_bytes, yours_grads, yours_out = activation_peak(blocks, forward, x)
+    if not torch.allclose(yours_out, plain_out, rtol=1e-5, atol=1e-6):
+        raise WrongAnswer("03.checkpoint: your forward's output differs from blocks(x): run every block, in order")
+    if any(a is None or not torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+           for a, b in zip(yours_grads, plain_grads, strict=True)):
+        raise WrongAnswer("03.checkpoint: the gradients differ from the plain forward's. Hint: "
+                          "checkpoint(block, x, use_reentrant=False) returns the block's output; pass it on")
+    if yours_bytes > 0.8 * plain_bytes:
+        raise WrongAnswer(f"03.checkpoint: activations peaked at {yours_bytes / 2**20:.1f} MiB, the plain forward's at "
+                          f"{plain_bytes / 2**20:.1f} MiB: nothing was checkpointed. Hint: wrap each block in "
+                          "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)")
+    return (f"Same output and gradients as the plain forward, with activations peaking at "
+            f"{yours_bytes / 2**20:.1f} MiB instead of {plain_bytes / 2**20:.1f} MiB.")
+
+
+exercises.register(CodeExercise(
+    name="03.checkpoint",
+    task=("Complete checkpointed_forward(blocks, x): run the nn.Sequential `blocks` on x so that its output and "
+          "gradients stay the same and its stored activations fall, using torch.utils.checkpoint.checkpoint."),
+    checker=_check_checkpointed,
+    reference=checkpointed_forward_solution,
+))

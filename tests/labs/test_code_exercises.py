@@ -1,0 +1,127 @@
+"""The code exercises: each reference solution passes, an untouched skeleton is "not attempted", and the
+usual mistakes fail with a hint that names them."""
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from labkit import exercises
+from labkit.exercises import WrongAnswer, check
+from labkit.labs import code_exercises
+
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint"]
+
+
+@pytest.mark.parametrize("name", CODE)
+def test_the_reference_solution_passes(name, capsys):
+    message = check(name, exercises.get(name).reference)
+    assert message.startswith(f"{name}: correct!")
+    assert str(message) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", CODE)
+def test_an_untouched_skeleton_is_not_attempted(name):
+    def skeleton(*args, **kwargs):
+        raise NotImplementedError  # YOUR CODE
+
+    assert check(name, skeleton).startswith(f"{name}: not attempted yet. Replace the `raise NotImplementedError`")
+
+
+def _timer(sync_after_warmup: bool, sync_each_step: bool):
+    def time_steps(step, sync, warmup=3, repeats=10):
+        for _ in range(warmup):
+            step()
+        if sync_after_warmup:
+            sync()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step()
+            if sync_each_step:
+                sync()
+            times.append(time.perf_counter() - start)
+        return times
+
+    return time_steps
+
+
+@pytest.mark.parametrize("sync_after_warmup, sync_each_step, hint", [
+    (True, False, "the clock was read before the queued work finished"),
+    (False, False, "the clock was read before the queued work finished"),
+    (False, True, "the warm-up's queued work landed in it"),
+])
+def test_timer_mistakes_are_named(sync_after_warmup, sync_each_step, hint):
+    with pytest.raises(WrongAnswer, match=hint):
+        check("00.timer", _timer(sync_after_warmup, sync_each_step))
+    check("00.timer", _timer(True, True))  # both: right
+
+
+def test_a_timer_that_times_the_warm_up_is_caught():
+    def times_everything(step, sync, warmup=3, repeats=10):
+        return code_exercises.time_steps_solution(step, sync, warmup=0, repeats=warmup + repeats)
+
+    with pytest.raises(WrongAnswer, match="11 times returned for repeats=8"):
+        check("00.timer", times_everything)
+
+
+def _amp_step(unscale=True, update=True, via_scaler=True):
+    def step(model, images, labels, optimizer, scaler, dtype, max_norm=1.0):
+        with torch.autocast(images.device.type, dtype=dtype):
+            loss = F.cross_entropy(model(images), labels)
+        scaler.scale(loss).backward()
+        if unscale:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer) if via_scaler else optimizer.step()
+        if update:
+            scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (dict(unscale=False), r"in fp16, the gradients the optimizer got differ .* call scaler.unscale_\(optimizer\) before clipping"),
+    (dict(update=False), r"your function raised RuntimeError: unscale_\(\) is being called after step\(\)"),
+    (dict(via_scaler=False), r"your step still stepped the optimizer.*scaler.step\(optimizer\)"),
+])
+def test_amp_step_mistakes_are_named(mistake, hint):
+    with pytest.raises(WrongAnswer, match=hint):
+        check("01.amp_step", _amp_step(**mistake))
+
+
+def test_accumulation_divided_by_k_fails_for_unequal_micro_batches():
+    def divide_by_k(model, micro_batches):
+        for images, labels in micro_batches:
+            (F.cross_entropy(model(images), labels) / len(micro_batches)).backward()
+
+    with pytest.raises(WrongAnswer, match=r"micro-batches of \(5, 11, 16\) samples .* weight each micro-batch's mean "
+                                          r"loss by its share of the samples"):
+        check("02.accumulate", divide_by_k)
+
+
+def test_accumulation_that_forgets_to_divide_fails_already_for_equal_ones():
+    def summed(model, micro_batches):
+        for images, labels in micro_batches:
+            F.cross_entropy(model(images), labels).backward()
+
+    with pytest.raises(WrongAnswer, match=r"micro-batches of \(8, 8, 8, 8\) samples"):
+        check("02.accumulate", summed)
+
+
+def test_a_forward_that_does_not_checkpoint_is_caught():
+    with pytest.raises(WrongAnswer, match="nothing was checkpointed"):
+        check("03.checkpoint", lambda blocks, x: blocks(x))
+
+
+def test_a_forward_that_drops_a_block_is_caught():
+    def skips_one(blocks, x):
+        for block in list(blocks)[:-1]:
+            x = checkpoint(block, x, use_reentrant=False)
+        return x
+
+    with pytest.raises(WrongAnswer, match="output differs from blocks"):
+        check("03.checkpoint", skips_one)
