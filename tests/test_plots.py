@@ -361,3 +361,23 @@ def test_setup_labels_wrap_at_spaces_instead_of_standing_on_end():
     assert [t.get_text() for t in ticks] == ["fp32", "fp32 +\nTF32", "fp16 +\nGradScaler", "bf16"]
     assert {t.get_rotation() for t in ticks} == {0.0}
     assert_readable(axes[0].get_figure())
+
+
+@pytest.mark.parametrize("logy", [False, True])
+def test_a_bar_charts_legend_never_covers_a_bar(logy):
+    # the shape of notebook 01's speed-ups: live bars, then taller published ones at the right edge
+    live = pd.DataFrame({"setup": ["fp32", "fp32 + TF32", "fp16 + GradScaler", "bf16"],
+                         "speedup_vs_fp32": [1.0, 1.1, 0.08, 1.9], "source": "live"})
+    published = pd.DataFrame({"setup": ["AMP recipe: low", "AMP recipe: high", "T4 peak ratio"],
+                              "speedup_vs_fp32": [2.0, 3.0, 8.0],
+                              "source": ["published: PyTorch recipe 'Automatic Mixed Precision' (2-3x on Volta, Turing, Ampere)"] * 2
+                              + ["published: NVIDIA T4 datasheet, tensor-core fp16 peak / fp32 peak"]})
+    ax = plots.bar(live, x="setup", y="speedup_vs_fp32", reference=published, logy=logy)
+    fig = ax.get_figure()
+    renderer = fig.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    bars = [p.get_window_extent(renderer) for p in ax.patches if p.get_height() > 0]
+    assert len(bars) == 7
+    assert not [b for b in bars if b.overlaps(legend)], "the legend hides a bar"
+    assert ax.get_ylabel() == "speed-up over fp32 (x)"
+    plt.close(fig)

@@ -56,6 +56,7 @@ METRICS: dict[str, Metric] = {
     "peak_flops": Metric("peak FLOP/s", "TFLOP/s", 1e-12),
     "flops_per_step": Metric("FLOPs per step", "GFLOP", 1e-9),
     "mfu": Metric("model FLOP utilisation", "% of peak", 100.0),
+    "speedup_vs_fp32": Metric("speed-up over fp32", "x", 1.0),
     "num_params": Metric("parameters", "millions", 1e-6),
     "num_trainable_params": Metric("trainable parameters", "millions", 1e-6),
     "batch_size": Metric("batch size", "samples", 1.0),
@@ -130,6 +131,7 @@ def bar(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.
     ax.set_axisbelow(True)
     _finish(ax, series, title or f"{m.label} by {metric(x).label}", notes)
     return ax
+
 
 
 def bars(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.DataFrame | None = None):
@@ -520,6 +522,32 @@ def _finish(ax, drawn: list, title: str, notes: list[str], handles: list | None 
     fig = ax.get_figure()
     if getattr(fig, "_labkit_made", False) and len(fig.axes) == 1:
         fig.tight_layout()  # a chart of its own: room for its legend and labels inside the figure
+    _keep_bars_clear(ax)
+
+
+def _keep_bars_clear(ax, margin_px: float = 4.0) -> None:
+    """Raise the y axis until the legend hides no bar: "best" placement still lays a legend over a bar
+    when every corner holds one, and a chart must not hide its data. Measured after the layout, since
+    rotated tick labels can leave the axes much shorter than the figure."""
+    legend = ax.get_legend()
+    bars = [p for p in ax.patches if p.get_height() > 0]
+    if legend is None or not bars or legend.get_bbox_to_anchor() != ax.bbox:
+        return  # no legend, no bars, or a legend placed outside the axes
+    renderer = _renderer(ax.get_figure())
+    log = ax.get_yscale() == "log"
+    for _ in range(4):
+        box = legend.get_window_extent(renderer)
+        if not any(p.get_window_extent(renderer).overlaps(box) for p in bars):
+            return
+        axes_box = ax.get_window_extent(renderer)
+        free = max(0.2, (box.y0 - axes_box.y0 - margin_px) / axes_box.height)  # share of the axes below it
+        bottom, _ = ax.get_ylim()
+        tallest = max(p.get_y() + p.get_height() for p in bars)
+        if log:
+            low = math.log10(bottom)
+            ax.set_ylim(bottom, 10 ** (low + (math.log10(tallest) - low) / free))
+        else:
+            ax.set_ylim(bottom, bottom + (tallest - bottom) / free)
 
 
 def _colors(keys: list) -> dict:

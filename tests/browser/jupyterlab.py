@@ -194,19 +194,6 @@ class NotebookPage:
         return self.page.evaluate(_CELLS_JS)
 
 
-def cells_not_run(cells: list[dict]) -> list[int]:
-    """The code cells that did not run. A collapsed cell (input hidden, as check cells are) draws no prompt,
-    so it counts as run when a visible cell after it ran: Run All runs the cells in order and stops at
-    the first failure (whose error box the test reports)."""
-    ran = [cell["prompt"].strip("[]: ").isdigit() for cell in cells]
-    later_visible_ran = False
-    for index in reversed(range(len(cells))):
-        if cells[index]["hidden"]:
-            ran[index] = later_visible_ran
-        else:
-            later_visible_ran = later_visible_ran or ran[index]
-    return [cell["index"] for cell, done in zip(cells, ran, strict=True) if not done]
-
     def panels(self):
         """The ExperimentPanels on the page (a widget box holding a Run button)."""
         return self.page.locator(".widget-vbox").filter(
@@ -327,3 +314,17 @@ def longest_blank_stretch_px(path: Path) -> int:
         current = current + 1 if row_is_blank else 0
         longest = max(longest, current)
     return longest
+
+
+def cells_not_run(cells: list[dict]) -> list[int]:
+    """The code cells that did not run. A collapsed cell (input hidden, as check cells are) draws no prompt,
+    so it counts as run when a visible cell after it ran: Run All runs the cells in order and stops at
+    the first failure (whose error box the test reports)."""
+    ran = [cell["prompt"].strip("[]: ").isdigit() for cell in cells]
+    later_visible_ran = False
+    for index in reversed(range(len(cells))):
+        if cells[index]["hidden"]:
+            ran[index] = later_visible_ran
+        else:
+            later_visible_ran = later_visible_ran or ran[index]
+    return [cell["index"] for cell, done in zip(cells, ran, strict=True) if not done]

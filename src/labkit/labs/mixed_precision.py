@@ -488,7 +488,7 @@ def speedups(df, published: pd.DataFrame | None = None) -> tuple[pd.DataFrame, p
     live = pd.DataFrame([{"setup": label, "speedup_vs_fp32": base / row["step_time_s"], "source": "live"}
                          for label, row in rows.items()])
     t4 = PEAK_FLOPS["T4"]
-    reference = [{"setup": "T4 peaks: fp16 / fp32", "speedup_vs_fp32": t4["fp16"] / t4["fp32"], "source": SPEEDUP_SOURCE}]
+    reference = [{"setup": "T4 peak ratio", "speedup_vs_fp32": t4["fp16"] / t4["fp32"], "source": SPEEDUP_SOURCE}]
     if published is not None and len(published):
         reference = published[["setup", "speedup_vs_fp32", "source"]].to_dict("records") + reference
     return live, pd.DataFrame(reference)
