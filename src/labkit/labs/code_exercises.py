@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .. import data, exercises, models
 from ..config import RunConfig
-from ..env import resolve_device
+from ..env import env_report, resolve_device
 from ..equivalence import compare_step
 from ..exercises import CodeExercise, WrongAnswer
 from ..train import run_splits
@@ -91,9 +91,10 @@ def _check_timer(time_steps) -> str:
 
 exercises.register(CodeExercise(
     name="00.timer",
-    task=("Complete time_steps(step, sync, warmup, repeats): call step() warmup times untimed, then time "
-          "repeats calls with time.perf_counter() and return the list of their durations in seconds. step() may "
-          "return before its work is done (as on a GPU); sync() waits until it is."),
+    task=("Complete the timer below: call step() `warmup` times untimed, then time `repeats` calls with "
+          "time.perf_counter() and return the list of their durations in seconds. step() may return before its "
+          "work is done (as on a GPU) and sync() waits until it is: no warm-up work may land in a timed step, and "
+          "every timed step's work must be done before the clock is read."),
     checker=_check_timer,
     reference=time_steps_solution,
 ))
@@ -136,7 +137,10 @@ def _diagnose_step(name: str, comparison, precision: str) -> str | None:
 
 
 def _check_amp_step(amp_step) -> str:
-    for precision in ("fp16", "bf16"):
+    env = env_report()
+    # A GPU before Ampere may refuse bf16 kernels outright: there only fp16 can be compared.
+    precisions = ("fp16", "bf16") if env["device"] != "cuda" or env["bf16"] else ("fp16",)
+    for precision in precisions:
         step = functools.partial(amp_step, max_norm=1.0)
         comparison = compare_step(step, exercise_config(precision=precision, grad_clip=1.0))
         problem = _diagnose_step("01.amp_step", comparison, precision)
@@ -149,17 +153,19 @@ def _check_amp_step(amp_step) -> str:
         raise WrongAnswer("01.amp_step: with fp16 gradients that overflowed (inf), your step still stepped the "
                           "optimizer, and the weights became inf/NaN. Hint: step through the scaler, "
                           "scaler.step(optimizer): it skips the step when a gradient is not finite")
-    return ("In fp16 (with a GradScaler) and in bf16 (its scaler disabled), two steps of your function gave the "
+    done = "In fp16 (with a GradScaler) and in bf16 (its scaler disabled)" if len(precisions) == 2 else "In fp16"
+    return (f"{done}, two steps of your function gave the "
             "optimizer the same gradients as labkit's Trainer.step, clipped to 1.0, and it skipped a step whose "
             "gradients overflowed.")
 
 
 exercises.register(CodeExercise(
     name="01.amp_step",
-    task=("Complete amp_step(model, images, labels, optimizer, scaler, dtype, max_norm): one training step "
-          "under torch.autocast(dtype=dtype) with the loss through the GradScaler, the gradients clipped to max_norm "
-          "(unscaled first), the optimizer step and the scaler's update. It must work for fp16 (an enabled "
-          "scaler) and bf16 (a disabled one)."),
+    task=("Complete the step below, (model, images, labels, optimizer, scaler, dtype, max_norm): one training "
+          "step with the forward and the cross-entropy loss under torch.autocast(dtype=dtype), the backward pass "
+          "through the GradScaler, the gradients clipped to max_norm (unscaled first), the optimizer step through "
+          "the scaler, the scaler's update, and the gradients zeroed for the next step. It must work for fp16 (an "
+          "enabled scaler) and bf16 (a disabled one); the checker runs two steps."),
     checker=_check_amp_step,
     reference=amp_step_solution,
 ))
@@ -223,8 +229,8 @@ def _check_accumulate(accumulate) -> str:
 
 exercises.register(CodeExercise(
     name="02.accumulate",
-    task=("Complete accumulate(model, micro_batches): micro_batches is a list of (images, labels) pairs, possibly "
-          "of different sizes. Run forward and backward on each so that, afterwards, every parameter's .grad is the "
+    task=("Complete accumulate(model, micro_batches) below: micro_batches is a list of (images, labels) pairs, "
+          "possibly of different sizes. Run forward and backward on each so that, afterwards, every parameter's .grad is the "
           "gradient of the mean cross-entropy over all their samples together (no optimizer step)."),
     checker=_check_accumulate,
     reference=accumulate_solution,
@@ -256,7 +262,8 @@ def _check_checkpointed(forward) -> str:
                           "checkpoint(block, x, use_reentrant=False) returns the block's output; pass it on")
     if yours_bytes > 0.8 * plain_bytes:
         raise WrongAnswer(f"03.checkpoint: activations peaked at {yours_bytes / 2**20:.1f} MiB, the plain forward's at "
-                          f"{plain_bytes / 2**20:.1f} MiB: nothing was checkpointed. Hint: wrap each block in "
+                          f"{plain_bytes / 2**20:.1f} MiB: nothing was checkpointed, or everything in one segment, "
+                          "which recomputes all of it at once. Hint: wrap each block in "
                           "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)")
     return (f"Same output and gradients as the plain forward, with activations peaking at "
             f"{yours_bytes / 2**20:.1f} MiB instead of {plain_bytes / 2**20:.1f} MiB.")
@@ -264,8 +271,10 @@ def _check_checkpointed(forward) -> str:
 
 exercises.register(CodeExercise(
     name="03.checkpoint",
-    task=("Complete checkpointed_forward(blocks, x): run the nn.Sequential `blocks` on x so that its output and "
-          "gradients stay the same and its stored activations fall, using torch.utils.checkpoint.checkpoint."),
+    task=("Complete the forward below, (blocks, x): run each block of the nn.Sequential `blocks` on x under "
+          "torch.utils.checkpoint.checkpoint, so that the output and the gradients stay the same and the "
+          "activations held during forward and backward fall (checkpointing the whole stack as one segment "
+          "recomputes it all at once and saves nothing at the peak)."),
     checker=_check_checkpointed,
     reference=checkpointed_forward_solution,
 ))

@@ -460,7 +460,7 @@ def own_saving_finding(df, low: str) -> str:
     from_activations = (numbers["fp32_activations_mib"] - numbers["low_activations_mib"]) / numbers["fp32_peak_mib"]
     measured = 1 - peak_fraction(df, low)
     gap = ("the rest of the difference is the backward pass's temporary buffers (\"other\"), which shrink too, and "
-           "when each category peaks" if abs(measured - from_activations) > 0.02 else
+           "when each category peaks" if abs(measured - from_activations) > 0.005 else
            "the activations account for the whole saving")
     return (f"From the activations alone: {from_activations:.1%} of the fp32 peak; measured: {low} saved "
             f"{measured:.1%} of it: {gap}.")

@@ -17,9 +17,9 @@ from ..result import MEMORY_CATEGORIES, RunResult
 from ..train import Trainer
 from ..units import mib
 
-# The GPUs a learner of this lab meets (free Colab/Kaggle: T4, P100; a rented one: A100), at the dtypes
+# The GPUs a learner of this lab meets (free Colab/Kaggle: T4, P100 PCIe; a rented one: A100), at the dtypes
 # their datasheets quote for training: fp32 (CUDA cores) and fp16 (tensor cores where there are any).
-PEAK_GPUS = (("T4", "fp32"), ("T4", "fp16"), ("P100", "fp32"), ("A100", "fp32"), ("A100", "bf16"))
+PEAK_GPUS = (("T4", "fp32"), ("T4", "fp16"), ("P100 PCIE", "fp32"), ("A100", "fp32"), ("A100", "bf16"))
 PEAK_SOURCE = "published: NVIDIA datasheet peaks"
 WARM_ALREADY = 1.2  # a first call under 1.2x the warm median paid no one-off cost worth the name
 
