@@ -6,6 +6,7 @@ import pytest
 
 import labkit
 from labkit import results
+from labkit.errors import ConfigError
 from labkit.labs import mixed_precision
 
 
@@ -216,3 +217,11 @@ def test_speedups_put_published_rows_beside_the_live_ones():
     assert dict(zip(live.setup, live.speedup_vs_fp32, strict=True))["fp16 + GradScaler"] == 2.0
     assert list(reference.speedup_vs_fp32) == [2.0, 3.0, pytest.approx(65 / 8.1)]
     assert reference.source.str.startswith("published: ").all()
+
+
+def test_a_failed_setup_is_named_not_a_key_error():
+    df = _setups_frame()
+    df.loc[df.setup == "bf16", "error"] = "RuntimeError: bf16 is not supported"
+    with pytest.raises(ConfigError, match=r"df=.setups .* is not allowed: a frame where bf16 ran successfully"):
+        mixed_precision.peak_fraction(df, "bf16")
+    assert mixed_precision.speedup(df, "fp16") == 2.0  # the setups that ran still compare

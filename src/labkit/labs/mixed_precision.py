@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from .. import data, results, train
 from ..env import has_tensor_cores, native_bf16
+from ..errors import ConfigError
 from ..measure import PEAK_FLOPS
 from ..messages import note, worded
 from ..techniques.precision import DTYPES, Precision, autocast
@@ -423,6 +424,16 @@ def scaler_finding(trace: pd.DataFrame) -> str:
             f"2**{math.log2(first):.0f} to 2**{math.log2(last):.0f} by the last step.")
 
 
+def _ran(df, *labels: str) -> dict:
+    """The successful runs of ``labels``; a setup that failed or is missing is a `ConfigError` naming it."""
+    rows = _by_setup(df)
+    missing = [label for label in labels if label not in rows]
+    if missing:
+        raise ConfigError("df", f"setups {sorted(rows)}", f"a frame where {', '.join(missing)} ran successfully "
+                                                         "(a failed run has no numbers to compare)")
+    return rows
+
+
 def low_setup(low: str) -> str:
     """The setup label of the low precision ``low`` ("bf16" or "fp16") in `table`'s frames."""
     return setup_label(low, False)
@@ -430,19 +441,19 @@ def low_setup(low: str) -> str:
 
 def peak_fraction(df, low: str) -> float:
     """The ``low`` setup's peak memory as a fraction of fp32's (the figure section 2 asks to predict)."""
-    rows = _by_setup(df)
+    rows = _ran(df, "fp32", low_setup(low))
     return rows[low_setup(low)]["peak_memory_bytes"] / rows["fp32"]["peak_memory_bytes"]
 
 
 def speedup(df, low: str) -> float:
     """fp32's step time over the ``low`` setup's: above 1, ``low`` is faster."""
-    rows = _by_setup(df)
+    rows = _ran(df, "fp32", low_setup(low))
     return rows["fp32"]["step_time_s"] / rows[low_setup(low)]["step_time_s"]
 
 
 def own_saving_numbers(df, low: str) -> dict:
     """Your own numbers for exercise ``01.own_saving``, from the comparison's frame (MiB, three digits)."""
-    rows = _by_setup(df)
+    rows = _ran(df, "fp32", low_setup(low))
     fp32, lower = rows["fp32"], rows[low_setup(low)]
 
     def in_mib(value):
@@ -483,7 +494,7 @@ def speedups(df, published: pd.DataFrame | None = None) -> tuple[pd.DataFrame, p
     Example:
         >>> live, ref = speedups(df, labkit.load_reference("01_mixed_precision-speedup-published*"))
     """
-    rows = _by_setup(df)
+    rows = _ran(df, "fp32")
     base = rows["fp32"]["step_time_s"]
     live = pd.DataFrame([{"setup": label, "speedup_vs_fp32": base / row["step_time_s"], "source": "live"}
                          for label, row in rows.items()])
