@@ -24,6 +24,9 @@ SOLUTIONS = {
     "01.own_saving": 0.35,                 # (30 - 16) / 40
     "02.max_batch": 236,                   # (40 - 3) MiB = 37,888 KiB / 160 KiB = 236.8 -> 236
     "03.own_8bit": 2_071_250,              # 1e6 x 2.03125 + 5,000 x 8
+    "04.coo_break_even": 8 / 9,            # dense 4 B vs (1 - s) x (4 + 4 x 8) B: s = 1 - 4/36
+    "04.own_flops": 0.25,                  # (16 x 16) / (32 x 32)
+    # head 2048 x 10 + 10 = 20,490; full: 25,557,032 - 2,049,000 (ImageNet head) + 20,490 = 23,528,522
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
@@ -38,8 +41,10 @@ WRONG = {
     "01.own_saving": (35, "give a fraction, not a percent"),
     "02.max_batch": (237, "round down"),
     "03.own_8bit": (2_031_250, "small ones: 8 bytes per value"),  # forgot the small tensors
+    "04.coo_break_even": (0.5, "set them equal and solve for the sparsity"),
+    "04.own_flops": (0.5, "divide in x out after by in x out before"),  # the channel fraction, not its square
 }
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global"]
 
 
 def own(name):

@@ -131,3 +131,18 @@ def test_library_warm_up_is_a_no_op_on_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("no CUDA call on a CPU"))
     measure.warm_up_libraries(torch.device("cpu"))
     assert not measure._LIBRARIES_READY
+
+
+def test_inference_peak_counts_the_model_and_the_forwards_largest_moment():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)).train()
+    x = torch.randn(32, 64)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    small, large = measure.inference_peak_bytes(model, x), measure.inference_peak_bytes(model, torch.randn(320, 64))
+    assert model.training  # the mode is restored
+    assert params + 32 * 256 * 4 <= small < params + 3 * 32 * 256 * 4  # the hidden layer's output, at most a copy more
+    assert large - small >= 9 * 32 * 256 * 4  # grows with the batch
+    import torch.nn.utils.prune as prune
+
+    prune.l1_unstructured(model[0], "weight", amount=0.5)  # a mask buffer, and the weight recomputed per forward
+    assert measure.inference_peak_bytes(model, x) >= small + 2 * 64 * 256 * 4

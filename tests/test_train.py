@@ -236,3 +236,14 @@ def test_a_native_precision_is_never_cut(tiny_cfg, monkeypatch, emulated_limit):
     assert (res.steps, res.planned_steps) == (8, None)
     res = labkit.fit(tiny_cfg.replace(max_steps=8, evaluate=False), progress=False)  # fp32
     assert (res.steps, res.planned_steps) == (8, None)
+
+
+def test_fit_trains_a_given_model_in_place(tiny_cfg):
+    model = labkit.models.build("small_cnn", 10, pretrained=False)[0]
+    before = [p.detach().clone() for p in model.parameters()]
+    res = labkit.fit(tiny_cfg, model=model, progress=False)
+    assert res.model is model and res.weights == "given"
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    other = labkit.models.build("resnet18", 10, pretrained=False)[0]
+    with pytest.raises(ConfigError, match=r"model='ResNet' is not allowed: a model built by labkit.models.build\('small_cnn'"):
+        labkit.fit(tiny_cfg, model=other)

@@ -96,3 +96,27 @@ def test_run_names_keep_short_labels():
     assert views.run_names(["precision=fp32", "precision=bf16"]) == ["precision=fp32", "precision=bf16"]
     assert views.run_names(["a"] * 5) == ["#1", "#2", "#3", "#4", "#5"]
     assert views.run_names(["batch_size=16, precision=fp32"]) == ["#1"]
+
+
+class _Point:
+    def __init__(self, method, removed, accuracy):
+        self.method, self.removed, self.accuracy = method, removed, accuracy
+
+    def to_row(self):
+        return {"method": self.method, "params_removed": self.removed, "test_accuracy": self.accuracy}
+
+    def __str__(self):
+        return f"{self.method} {self.removed}"
+
+
+def test_trend_keeps_runs_as_points_one_line_per_hue(capsys):
+    trend = views.Trend("params_removed", ("test_accuracy",), hue="method", max_runs=3)
+    for point in (_Point("a", 0.2, 0.9), _Point("a", 0.5, 0.8), _Point("b", 0.5, 0.7), _Point("b", 0.8, 0.5)):
+        trend(point)
+    assert [r["params_removed"] for r in trend.runs] == [0.5, 0.5, 0.8]  # the last 3
+    assert capsys.readouterr().out.splitlines()[-1] == "b 0.8"
+    ax = plt.gcf().axes[0]
+    assert sorted(len(line.get_xdata()) for line in ax.get_lines()) == [1, 2]
+    plt.close("all")
+    with pytest.raises(ConfigError, match=r"Trend column='latency_s' is not allowed"):
+        views.Trend("params_removed", ("latency_s",))(_Point("a", 0.1, 0.9))

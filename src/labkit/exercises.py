@@ -466,3 +466,35 @@ register(Exercise(
     rel_tol=0.01,
     from_run=("numel_large", "numel_small", "min_8bit_size", "block"),
 ))
+
+
+# --- Notebook 04: pruning ---------------------------------------------------------------------------------
+
+register(Exercise(
+    name="04.coo_break_even",
+    template=("A float32 conv weight of shape (out, in, kh, kw), {ndim} dimensions, is stored in COO format: each "
+              "nonzero costs its {value_bytes}-byte value plus one {index_bytes}-byte (int64) index per dimension, and "
+              "zeros cost nothing. Above what sparsity (fraction of zeros, 0..1) does COO take fewer bytes than dense "
+              "storage, which costs {value_bytes} bytes for every value? (Ignore the few bytes of header.)"),
+    numbers={"ndim": 4, "value_bytes": 4, "index_bytes": 8},
+    solution="1 - value_bytes / (value_bytes + ndim * index_bytes)",
+    hint=("COO bytes = (1 - sparsity) x numel x (value + ndim x index); dense bytes = numel x value; set them equal "
+          "and solve for the sparsity"),
+    rel_tol=0.01,
+    diagnose=_percent_not_fraction,
+))
+
+
+register(Exercise(
+    name="04.own_flops",
+    template=("Your structured pruning left conv {layer} with {in_after} of its {in_before} input channels and "
+              "{out_after} of its {out_before} output channels (its kernel size and its output's pixels did not "
+              "change). A conv's FLOPs are 2 x in x out x kernel pixels x output pixels. What fraction (0..1) of "
+              "its former FLOPs does it do now?"),
+    numbers={"layer": "block1.1.0", "in_before": 32, "out_before": 32, "in_after": 16, "out_after": 16},
+    solution="(in_after * out_after) / (in_before * out_before)",
+    hint="only the channel counts changed: divide in x out after by in x out before",
+    rel_tol=0.01,
+    diagnose=_percent_not_fraction,
+    from_run=("layer", "in_before", "out_before", "in_after", "out_after"),
+))

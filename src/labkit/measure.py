@@ -157,6 +157,43 @@ def measure_latency(model: torch.nn.Module, inputs: torch.Tensor, warmup: int = 
     return Latency(median, p10, p90, times)
 
 
+@torch.no_grad()
+def inference_peak_bytes(model: torch.nn.Module, inputs: torch.Tensor) -> int:
+    """Peak memory of one no-grad forward of ``model(inputs)`` in eval mode: the model's parameters and buffers
+    plus the most the forward allocated at once (activations, temporaries; the input is not counted).
+
+    CUDA: ``max_memory_allocated`` over the forward, above what was allocated before it. CPU: torch's
+    MemTracker counts the live tensors. Pruning masks count (they are buffers), and so do the weights a
+    pruning hook recomputes in every forward.
+
+    Example:
+        >>> inference_peak_bytes(model, torch.randn(64, 3, 32, 32)) / 2**20
+    """
+    was_training = model.training
+    model.eval()
+    seen, model_bytes = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            model_bytes += t.untyped_storage().nbytes()
+    try:
+        if inputs.device.type == "cuda":
+            torch.cuda.synchronize(inputs.device)
+            before = torch.cuda.memory_allocated(inputs.device)
+            torch.cuda.reset_peak_memory_stats(inputs.device)
+            model(inputs)
+            torch.cuda.synchronize(inputs.device)
+            return model_bytes + int(torch.cuda.max_memory_allocated(inputs.device)) - before
+        tracker = _memory_tracker_class()()  # torch's MemTracker, made to accept frozen parameters
+        tracker.track_external(model)
+        with tracker:
+            model(inputs)
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()), {})
+        return int(peak.get("Total", model_bytes))
+    finally:
+        model.train(was_training)
+
+
 @dataclass
 class TimingPitfalls:
     """The same call timed four ways, to show why warm-up and synchronisation matter.

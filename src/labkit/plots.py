@@ -61,6 +61,19 @@ METRICS: dict[str, Metric] = {
     "num_trainable_params": Metric("trainable parameters", "millions", 1e-6),
     "batch_size": Metric("batch size", "samples", 1.0),
     "lr": Metric("learning rate", "", 1.0),
+    # pruning (notebook 04)
+    "latency_s": Metric("inference latency", "ms", 1e3),
+    "cpu_latency_s": Metric("CPU inference latency", "ms", 1e3),
+    "inference_peak_bytes": Metric("inference peak memory", "MiB", 1 / MiB),
+    "val_accuracy": Metric("validation accuracy", "%", 100.0),
+    "test_accuracy": Metric("test accuracy", "%", 100.0),
+    "sparsity": Metric("sparsity (zero weights)", "%", 100.0),
+    "amount": Metric("amount pruned", "%", 100.0),
+    "params_removed": Metric("parameters removed or zeroed", "%", 100.0),
+    "flops": Metric("FLOPs per forward", "GFLOP", 1e-9),
+    "accuracy_drop": Metric("validation accuracy lost", "points", 100.0),
+    "weight_bytes": Metric("weight storage", "KiB", 1 / 1024),
+    "matmul_s": Metric("matmul time", "ms", 1e3),
     **{f"mem_{c}_bytes": Metric(f"memory: {c.replace('_', ' ')}", "MiB", 1 / MiB) for c in MEMORY_CATEGORIES},
 }
 
@@ -199,9 +212,10 @@ def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd
     if logx:
         powers_of_two = all(float(v).is_integer() and v > 0 and (int(v) & (int(v) - 1)) == 0 for v in x_values)
         ax.set_xscale("log", base=2 if powers_of_two else 10)
-    if x_values and len(x_values) <= 12:
-        ax.set_xticks([v * mx.scale for v in x_values])
-        ax.set_xticklabels([_fmt_value(v) for v in x_values])
+    shown = [v * mx.scale for v in x_values]
+    if shown and len(shown) <= 12 and _spaced(shown, log=logx):
+        ax.set_xticks(shown)
+        ax.set_xticklabels([_fmt_value(float(f"{v:.4g}")) for v in shown])  # what the axis label's unit says
         ax.minorticks_off()
     ax.set_xlabel(axis_label(x))
     ax.set_ylabel(axis_label(y))
@@ -557,6 +571,14 @@ def _colors(keys: list) -> dict:
         if key not in colors:
             colors[key] = cycle[len(colors) % len(cycle)]
     return colors
+
+
+def _spaced(positions: list[float], log: bool = False) -> bool:
+    """Whether a tick at every one of ``positions`` leaves room for its label: no two closer than 1/12 of the span
+    (on a log axis, of the log span). Crowded values get matplotlib's own ticks instead."""
+    coords = sorted(math.log(v) if log and v > 0 else v for v in positions)
+    span = coords[-1] - coords[0]
+    return len(coords) < 2 or span == 0 or min(b - a for a, b in zip(coords, coords[1:], strict=False)) >= span / 12
 
 
 def _fmt_value(value) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from . import models
 from .config import RunConfig, check_keys, field_names
 from .data import cache_dir
 from .env import env_report, hardware_key, is_online, profile, resolve_device
@@ -23,7 +24,8 @@ from .messages import note
 from .models import checkpoint_dir
 from .project import __version__
 from .result import MEMORY_CATEGORIES, RunResult
-from .train import fit
+from .techniques.checkpointing import apply_checkpointing
+from .train import fit, run_splits
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
 METRIC_COLUMNS = (
@@ -91,6 +93,55 @@ def cached_fit(cfg: RunConfig, refresh: bool = False, progress: bool = True, on_
     result = fit(cfg, progress=progress, on_step=on_step)
     _write_atomic(path, result.to_dict())
     return result
+
+
+def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True) -> tuple[torch.nn.Module, RunResult]:
+    """`cached_fit` that also keeps the trained weights, as ``<key>.pt`` beside the run's JSON, so that later
+    calls get the trained model back without training again (a pruning or quantization notebook starts from it).
+
+    The weights are written before the run's JSON, each atomically: an interrupted call leaves either both or a
+    run that is trained again. A model rebuilt from the cache has the trained weights, the run's checkpointing
+    and memory format, and is in training mode, as ``labkit.fit``'s model is.
+
+    Returns:
+        ``(model, result)``; ``result.model`` is ``model`` too.
+
+    Example:
+        >>> model, result = cached_model(labkit.config.baseline())
+        >>> result.accuracy
+    """
+    env = env_report(cfg.device)
+    key = cache_key(cfg, env)
+    json_path, weights_path = results_dir() / f"{key}.json", results_dir() / f"{key}.pt"
+    if json_path.exists() and weights_path.exists() and not refresh:
+        try:
+            result = RunResult.from_dict(json.loads(json_path.read_text()))
+            state = torch.load(weights_path, map_location="cpu", weights_only=True)
+        except (ValueError, TypeError, RuntimeError, EOFError):
+            pass  # unreadable: train again
+        else:
+            model = models.build(cfg.model, run_splits(cfg, training=False)["train"].num_classes, pretrained=False)[0]
+            model.load_state_dict(state)
+            if cfg.checkpointing is not False:
+                apply_checkpointing(model, cfg.checkpointing)
+            memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
+            model = model.to(resolve_device(cfg.device), memory_format=memory_format).train()
+            for message in result.warnings:
+                note(message)
+            result.model = model
+            return model, result
+    result = fit(cfg, progress=progress)
+    weights_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=weights_path.parent, prefix=f".{key}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save({k: v.detach().cpu() for k, v in models.unwrap(result.model).state_dict().items()}, tmp)
+        os.replace(tmp, weights_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _write_atomic(json_path, result.to_dict())
+    return result.model, result
 
 
 def to_row(result: RunResult, source: str = "live") -> dict:

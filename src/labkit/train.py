@@ -95,6 +95,16 @@ def _check_losses(values: torch.Tensor, first_step: int, precision: str) -> None
         raise NonFiniteLossError(first_step + bad, float(values[bad]), precision)
 
 
+def _given_weights(model: torch.nn.Module, cfg: RunConfig) -> models.WeightsInfo:
+    """Check that a model handed to `Trainer` is the one ``cfg`` names; its weights are "given"."""
+    name = getattr(models.unwrap(model), "labkit_name", None)
+    if name != cfg.model:
+        raise ConfigError("model", type(model).__name__,
+                          f"a model built by labkit.models.build({cfg.model!r}, ...) (or a copy of one), since "
+                          f"cfg.model={cfg.model!r}; this one is {name!r}")
+    return models.WeightsInfo("given")
+
+
 class Trainer:
     """Everything one run needs, set up from a `RunConfig`: data, model, optimizer, precision, one step.
 
@@ -102,7 +112,9 @@ class Trainer:
     `labkit.capacity.step_memory`) reuse its step. Techniques plug in here through config fields.
     """
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module | None = None):
+        """Args: cfg: the run. model: train this model instead of building ``cfg.model`` (e.g. a pruned copy,
+        for a recovery fine-tune); it must be the architecture ``cfg.model`` names, on any device."""
         self.cfg = cfg
         self.profile = profile()
         self.device = resolve_device(cfg.device)
@@ -127,7 +139,10 @@ class Trainer:
         self.train_split = self.splits["train"]
 
         torch.manual_seed(cfg.seed)
-        model, self.weights = models.build(cfg.model, self.train_split.num_classes, pretrained=cfg.pretrained)
+        if model is None:
+            model, self.weights = models.build(cfg.model, self.train_split.num_classes, pretrained=cfg.pretrained)
+        else:
+            self.weights = _given_weights(model, cfg)
         micro_batch = cfg.batch_size // cfg.grad_accum
         if micro_batch < 2 and models.has_batchnorm(model):
             raise ConfigError("batch_size", cfg.batch_size,
@@ -277,13 +292,15 @@ class Trainer:
         return result
 
 
-def fit(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, progress: bool = True) -> RunResult:
+def fit(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, progress: bool = True,
+        model: torch.nn.Module | None = None) -> RunResult:
     """Train ``cfg.model`` on ``cfg.dataset`` as ``cfg`` says and measure it.
 
     Args:
         cfg: the run.
         on_step: called as ``on_step(step, total_steps)`` after each optimizer step (e.g. a widget bar).
         progress: show a tqdm progress bar (``TQDM_DISABLE=1`` hides it too).
+        model: train this model instead of building ``cfg.model`` (see `Trainer`); it is trained in place.
 
     Returns:
         A `RunResult`; the trained model is attached as ``result.model`` (not serialised).
@@ -292,4 +309,4 @@ def fit(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, progr
         >>> res = labkit.fit(labkit.RunConfig(model="small_cnn", max_steps=50))
         >>> res.step_time_s, res.peak_memory_bytes, res.accuracy
     """
-    return Trainer(cfg).run(on_step=on_step, progress=progress)
+    return Trainer(cfg, model=model).run(on_step=on_step, progress=progress)

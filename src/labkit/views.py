@@ -1,4 +1,5 @@
-"""What a panel shows after each run: `History` (every run of the session side by side) and `run_overview`.
+"""What a panel shows after each run: `History` (every run of the session side by side), `Trend` (every run as a
+point against one axis) and `run_overview`.
 
 Both are an `ExperimentPanel`'s ``show``: they print the run's headline numbers and draw with `labkit.plots`,
 at a size the panel's output area shows without scaling the text down.
@@ -10,7 +11,7 @@ import pandas as pd
 
 from .errors import ConfigError
 from .labs.start_here import headline
-from .plots import BREAKDOWN, METRICS, bar, grid, label_runs, loss_curve, memory_breakdown
+from .plots import BREAKDOWN, METRICS, bar, grid, label_runs, line, loss_curve, memory_breakdown
 from .results import to_row
 
 # A run's label (the config fields that differ) is written under its bar when every label is this short
@@ -74,6 +75,43 @@ class History:
                 memory_breakdown(frame, ax=ax, label="run")
             else:
                 bar(frame, x="run", y=column, ax=ax)
+        fig.tight_layout()
+
+
+class Trend:
+    """A panel's ``show`` that keeps every run of the session and plots ``ys`` against ``x``, one line per ``hue``.
+
+    For runs that are not training runs: each result needs ``to_row() -> dict`` with the columns, and prints
+    as its own headline (``str(result)``).
+
+    Args:
+        x: the column along the axis (e.g. ``"params_removed"``). ys: the metrics, one chart each.
+        hue: a column giving one line per value (e.g. ``"method"``), or None. max_runs: the most recent runs kept.
+
+    Example:
+        >>> ExperimentPanel(lab.panel_run, {"seed": [0, 1]}, options={"method": ["unstructured", "structured"]},
+        ...                 show=views.Trend("params_removed", ("test_accuracy", "latency_s"), hue="method"))
+    """
+
+    def __init__(self, x: str, ys=("test_accuracy", "latency_s"), hue: str | None = None, max_runs: int = 16):
+        ys = (ys,) if isinstance(ys, str) else tuple(ys)
+        if not ys:
+            raise ConfigError("ys", list(ys), "a non-empty list of result columns")
+        if not isinstance(max_runs, int) or max_runs < 1:
+            raise ConfigError("max_runs", max_runs, "a positive integer")
+        self.x, self.ys, self.hue, self.max_runs, self.runs = x, ys, hue, max_runs, []
+
+    def __call__(self, result) -> None:
+        row = result.to_row()
+        missing = [c for c in (self.x, *self.ys, *([self.hue] if self.hue else [])) if c not in row]
+        if missing:
+            raise ConfigError("Trend column", missing[0], f"a column of the run's to_row() ({', '.join(row)})")
+        self.runs = [*self.runs, row][-self.max_runs:]
+        print(result)
+        frame = pd.DataFrame(self.runs)
+        fig, axes = grid(len(self.ys))
+        for ax, column in zip(axes, self.ys, strict=True):
+            line(frame, x=self.x, y=column, hue=self.hue, ax=ax)
         fig.tight_layout()
 
 

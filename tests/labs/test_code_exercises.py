@@ -12,7 +12,7 @@ from labkit import exercises
 from labkit.exercises import WrongAnswer, check
 from labkit.labs import code_exercises
 
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global"]
 
 
 @pytest.mark.parametrize("name", CODE)
@@ -125,3 +125,30 @@ def test_a_forward_that_drops_a_block_is_caught():
 
     with pytest.raises(WrongAnswer, match="output differs from blocks"):
         check("03.checkpoint", skips_one)
+
+
+def test_layer_wise_masks_are_caught_as_not_global():
+    def layer_wise(model, amount):
+        masks = {}
+        for name, m in model.named_modules():
+            if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+                w, k = m.weight.detach().abs(), round(amount * m.weight.numel())
+                masks[name] = w > w.flatten().kthvalue(k).values if k else torch.ones_like(w, dtype=torch.bool)
+        return masks
+
+    with pytest.raises(WrongAnswer, match="each layer by its own threshold"):
+        check("04.global", layer_wise)
+
+
+def test_an_off_by_one_threshold_is_caught():
+    def keeps_the_kth(model, amount):
+        layers = [(n, m) for n, m in model.named_modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+        scores = torch.cat([m.weight.detach().abs().flatten() for _, m in layers])
+        k = max(1, round(amount * scores.numel()))
+        threshold = scores.kthvalue(k).values
+        return {n: m.weight.detach().abs() >= threshold for n, m in layers}  # keeps the k-th smallest too
+
+    with pytest.raises(WrongAnswer, match="smallest magnitudes of the whole model go"):
+        check("04.global", keeps_the_kth)
+    with pytest.raises(WrongAnswer, match="one mask per Conv2d/Linear layer"):
+        check("04.global", lambda model, amount: {"stem.0": torch.ones(1)})

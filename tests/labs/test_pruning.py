@@ -1,0 +1,192 @@
+"""labkit.labs.pruning: notebook 04's experiments measure what they say, on a tiny seeded fine-tune."""
+
+import pytest
+import torch
+
+from labkit import measure, results
+from labkit.errors import ConfigError
+from labkit.labs import pruning as lab
+from labkit.techniques import pruning
+
+
+@pytest.fixture
+def cfg(tiny_cfg):
+    return tiny_cfg
+
+
+def test_the_fine_tuned_model_comes_back_from_the_cache_without_training(cfg, monkeypatch):
+    model, result = lab.fine_tuned(cfg)
+    monkeypatch.setattr(results, "fit", lambda *a, **k: pytest.fail("trained again"))
+    again, cached = lab.fine_tuned(cfg)
+    assert again is not model and cached.accuracy == result.accuracy
+    for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert lab.accuracy(again, cfg, "test") == pytest.approx(result.accuracy)
+
+
+def test_a_cache_without_weights_trains_again(cfg):
+    lab.fine_tuned(cfg)
+    key = results.cache_key(cfg, results.env_report(cfg.device))
+    (results.results_dir() / f"{key}.pt").unlink()  # as if interrupted between the two files
+    model, _ = lab.fine_tuned(cfg)
+    assert (results.results_dir() / f"{key}.pt").exists() and model is not None
+
+
+def test_the_puzzle_zeros_change_neither_size_nor_memory(cfg):
+    frame = lab.puzzle(cfg, amounts=(0.5,))
+    assert list(frame.amount) == [0.0, 0.5]  # the unpruned reference is added
+    assert frame.model_size_bytes.nunique() == 1 and frame.inference_peak_bytes.nunique() == 1
+    assert (frame.size_with_masks_bytes > 1.8 * frame.model_size_bytes).all()
+    assert frame.sparsity.iloc[1] == pytest.approx(0.5, abs=0.01)
+    assert frame.nonzero_params.iloc[1] < 0.55 * frame.nonzero_params.iloc[0]
+    text = lab.puzzle_finding(frame)
+    assert "(no change)" in text and "weight_orig and weight_mask" in text
+    assert f"{frame.masks_size_ratio.iloc[1]:.2f}x the dense one" in text
+
+
+def test_accuracy_is_measured_on_validation_or_test_only(cfg):
+    model, _ = lab.fine_tuned(cfg)
+    assert 0 <= lab.accuracy(model, cfg, "val") <= 1
+    with pytest.raises(ConfigError, match=r"split='train' is not allowed: 'val' \(for choosing\)"):
+        lab.accuracy(model, cfg, "train")
+
+
+def test_sparse_storage_pays_only_at_high_sparsity(cfg):
+    frame = lab.sparse_storage(cfg, sparsities=(0.0, 0.5, 0.95))
+    assert frame.layer.iloc[0] == "block3.1.0" and frame.weight_shape.iloc[0] == "128x128x3x3"
+    assert frame.coo_bytes.iloc[0] > 8 * frame.dense_bytes.iloc[0] > 8 * frame.coo_bytes.iloc[2]
+    assert lab.break_even(frame, "coo_bytes") == pytest.approx(0.95, abs=0.01)
+    assert lab.break_even(frame, "csr_bytes") == pytest.approx(0.95, abs=0.01)  # 50 % is not enough for CSR either
+    assert lab.storage_numbers(frame)["coo_predicted"] == pytest.approx(8 / 9)
+    assert len(lab.storage_long(frame, "bytes")) == 9 and len(lab.storage_long(frame, "time")) == 6
+    assert "COO took fewer bytes than dense from 95% zeros on" in lab.storage_finding(frame)
+    with pytest.raises(ConfigError, match=r"what='speed' is not allowed"):
+        lab.storage_long(frame, "speed")
+
+
+def test_semi_structured_says_why_it_cannot_time_on_a_cpu(cfg):
+    record = lab.semi_structured(cfg)
+    assert record.speedup is None and "CUDA GPU of compute capability 8.0+" in record.reason
+    assert "stem.0" not in record.layers and 0.3 < record.sparsity <= 0.5
+    assert "Speed not measured" in str(record)
+
+
+def test_the_sensitivity_scan_prunes_one_layer_at_a_time_on_the_validation_split(cfg):
+    model, _ = lab.fine_tuned(cfg)
+    scan = lab.sensitivity_scan(cfg, sparsities=(0.5, 0.9))
+    layers = [name for name, _ in pruning.prunable_layers(model)]
+    assert list(scan.layer.unique()) == layers and len(scan) == 2 * len(layers)
+    assert (scan.base_val_accuracy == lab.accuracy(model, cfg, "val")).all()
+    assert scan.accuracy_drop.equals(scan.base_val_accuracy - scan.val_accuracy)
+    assert lab.choose_ratios(scan, max_drop=0.99) == dict.fromkeys(layers, 0.9)
+    strict = lab.choose_ratios(scan, max_drop=0.0)
+    for layer, chosen in strict.items():
+        rows = scan[(scan.layer == layer) & (scan.accuracy_drop <= 0)]
+        assert chosen == (rows.sparsity.max() if len(rows) else 0.0)
+    with pytest.raises(ConfigError, match=r"max_drop=2 is not allowed"):
+        lab.choose_ratios(scan, max_drop=2)
+
+
+def test_compared_schemes_remove_the_same_share_of_weights(cfg):
+    model, _ = lab.fine_tuned(cfg)
+    ratios = {"block3.1.0": 0.9, "block3.0.0": 0.5}
+    compared = lab.compare_ratios(cfg, ratios).set_index("scheme")
+    target = lab.overall_sparsity(model, ratios)
+    assert compared.sparsity["unpruned"] == 0
+    for scheme in ("per-layer (from the scan)", "uniform", "global"):
+        assert compared.sparsity[scheme] == pytest.approx(target, abs=0.005), scheme
+    scan = lab.sensitivity_scan(cfg, sparsities=(0.9,))
+    assert "Chosen: block3.1.0 90%, block3.0.0 50%." in lab.ratios_finding(scan, compared.reset_index(), ratios)
+
+
+def test_structured_pruning_shrinks_the_model_and_recovery_trains_it(cfg, monkeypatch):
+    trained = []
+    recover = lab.recover
+
+    def spy(model, run_cfg, steps, **kwargs):
+        before = [p.detach().clone() for p in model.parameters()]
+        result = recover(model, run_cfg, steps, **kwargs)
+        trained.append((steps, result.steps, any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))))
+        return result
+
+    monkeypatch.setattr(lab, "recover", spy)
+    frame = lab.structured(cfg, amount=0.5, recovery_steps=5)
+    by = frame.set_index("model")
+    assert list(frame.model) == ["dense", "pruned", "pruned + BN re-estimated", "pruned + recovery"]
+    assert by.num_params_ratio["pruned"] < 1 / 1.9 and by.flops_ratio["pruned"] < 0.5
+    assert by.num_params["pruned"] == by.num_params["pruned + recovery"]
+    assert trained == [(5, 5, True)]  # the pruned model itself was fine-tuned for 5 steps
+    assert (frame.cpu_latency_s == frame.latency_s).all()  # on a CPU run the two are one measurement
+    text = lab.structured_finding(frame)
+    assert f"{by.num_params['dense'] / by.num_params['pruned']:.1f}x fewer parameters" in text
+    assert "after 5 recovery steps" in text
+
+
+def test_the_own_flops_numbers_pick_the_conv_that_shrank_most(cfg):
+    model, _ = lab.fine_tuned(cfg)
+    x = lab.example_batch(cfg, 4)
+    slim = pruning.prune_channels(model, 0.5, x[:2])
+    numbers = lab.flops_numbers(model, slim)
+    assert numbers["in_after"] * 2 == numbers["in_before"] and numbers["out_after"] * 2 == numbers["out_before"]
+    measured = lab.layer_flops(slim, numbers["layer"], x) / lab.layer_flops(model, numbers["layer"], x)
+    assert measured == pytest.approx(0.25)
+    assert "0.250x the FLOPs" in lab.flops_finding(numbers, model, slim, x)
+    with pytest.raises(ConfigError, match=r"layer='head.2' is not allowed: a conv"):
+        lab.flops_numbers(model, slim, "head.2")
+
+
+def test_seed_repeats_count_the_images_gained_and_lost(cfg):
+    frame = lab.seed_repeats(cfg, seeds=(0, 1), amounts=(0.3, 0.8))
+    assert len(frame) == 4 and set(frame.seed) == {0, 1}
+    test_size = len(lab._splits(cfg)["test"])
+    assert ((frame.gained - frame.lost) / test_size - frame.delta).abs().max() < 1e-9
+    summary = lab.rise_summary(frame)
+    assert list(summary.seeds) == [2, 2] and summary.mean_delta.tolist() == pytest.approx(
+        frame.groupby("amount").delta.mean().tolist())
+    assert "Over 2 seeds x 2 amounts" in lab.rise_finding(frame)
+    with pytest.raises(ConfigError, match=r"seeds=\[0\] is not allowed: at least two different seeds"):
+        lab.seed_repeats(cfg, seeds=(0,))
+
+
+@pytest.mark.parametrize("method", lab.METHODS)
+def test_a_panel_run_measures_the_pruned_model(cfg, method):
+    run = lab.panel_run(cfg, method=method, amount=0.5, recovery_steps=4)
+    row = run.to_row()
+    assert row["method"] == method and row["params_removed"] > 0.45 and row["seed"] == cfg.seed
+    if method == "structured":
+        assert run.sparsity < 0.01 and run.num_params < run.dense_params / 1.9
+    else:
+        assert run.sparsity == pytest.approx(0.5, abs=0.01) and run.num_params == run.dense_params
+    assert f"{method} at 50%, 4 recovery steps" in str(run)
+
+
+def test_panel_inputs_are_checked_and_the_estimate_reads_the_cache(cfg):
+    other = cfg.replace(seed=7)
+    assert lab.panel_estimate(other) is None  # not fine-tuned yet
+    with pytest.raises(ConfigError, match=r"method='channels' is not allowed"):
+        lab.panel_run(cfg, method="channels")
+    with pytest.raises(ConfigError, match=r"recovery_steps=2 is not allowed: 0 or more than 3"):
+        lab.panel_run(cfg, recovery_steps=2)
+    with pytest.raises(ConfigError, match=r"amount=1.0 is not allowed"):
+        lab.panel_run(cfg, amount=1.0)
+    lab.fine_tuned(other)
+    assert lab.panel_estimate(other).startswith("Estimated time: a few seconds")
+
+
+def test_latencies_time_models_in_turns_and_a_slimmer_model_is_faster(cfg):
+    model, _ = lab.fine_tuned(cfg)
+    x = lab.example_batch(cfg)
+    slim = pruning.prune_channels(model, 0.75, x[:2])
+    dense_s, slim_s = lab.latencies([model, slim], x)
+    assert slim_s < dense_s  # 16x fewer multiply-adds in the middle layers: far beyond timing noise
+    assert measure.inference_peak_bytes(slim, x) < measure.inference_peak_bytes(model, x)
+
+
+def test_per_layer_sparsity_is_even_layer_wise_and_uneven_globally(cfg):
+    model, _ = lab.fine_tuned(cfg)
+    frame = lab.per_layer_sparsity(model, 0.8)
+    assert list(frame.layer) == [name for name, _ in pruning.prunable_layers(model)]
+    assert frame.layer_scope.round(2).eq(0.8).all()
+    assert frame.global_scope.max() - frame.global_scope.min() > 0.1
+    overall = (frame.global_scope * frame.weights).sum() / frame.weights.sum()
+    assert overall == pytest.approx(0.8, abs=1e-4)
