@@ -39,7 +39,9 @@ def test_defaults_are_valid_and_replace_validates():
     ("checkpointing", "all", r"checkpointing='all' is not allowed: False, True .* or an integer >= 1"),
     ("checkpointing", 5, r"checkpointing=5 is not allowed: False, True or 1 to 4: small_cnn has 4 blocks "
                          r"\(stem, block1, block2, block3\), and a segment holds at least one"),
-    ("freeze", "head_only", r"freeze='head_only' is not allowed"),
+    ("freeze", "full", r"freeze='full' is not allowed: None or one of \['none', 'light', 'medium', 'heavy', "
+                       r"'head_only'\] \('head_only': only the head trains\)"),
+    ("freeze", ["stem"], r"freeze=\['stem'\] is not allowed: None or one of"),
     ("pretrained", "yes", r"pretrained='yes' is not allowed: True or False"),
     ("lr", float("nan"), r"lr=nan is not allowed: a finite number > 0"),
     ("lr", float("inf"), r"lr=inf is not allowed"),
@@ -60,6 +62,12 @@ def test_checkpointing_accepts_bools_and_segment_counts_up_to_the_models_blocks(
     with pytest.raises(ConfigError, match=r"checkpointing=6 is not allowed: False, True or 1 to 5: resnet18 has 5 "
                                           r"blocks \(stem, layer1, layer2, layer3, layer4\)"):
         labkit.RunConfig(model="resnet18", checkpointing=6)
+
+
+def test_freeze_accepts_none_and_every_level():
+    assert labkit.RunConfig().freeze is None
+    for level in ("none", "light", "medium", "heavy", "head_only"):
+        assert labkit.RunConfig(freeze=level).freeze == level
 
 
 def test_8bit_optimizers_have_no_momentum_setting():

@@ -27,6 +27,9 @@ SOLUTIONS = {
     "04.coo_break_even": 8 / 9,            # dense 4 B vs (1 - s) x (4 + 4 x 8) B: s = 1 - 4/36
     "04.own_flops": 0.25,                  # (16 x 16) / (32 x 32)
     # head 2048 x 10 + 10 = 20,490; full: 25,557,032 - 2,049,000 (ImageNet head) + 20,490 = 23,528,522
+    "05.head_state": 20_490 / 23_528_522,
+    "05.cache_speedup": 20.0,              # 10 x 40 s / (15 s + 10 x 0.5 s)
+    "05.own_backward": 0.7552,             # 2 x 0.4531 - 0.151
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
@@ -43,8 +46,11 @@ WRONG = {
     "03.own_8bit": (2_031_250, "small ones: 8 bytes per value"),  # forgot the small tensors
     "04.coo_break_even": (0.5, "set them equal and solve for the sparsity"),
     "04.own_flops": (0.5, "divide in x out after by in x out before"),  # the channel fraction, not its square
+    "05.head_state": (20_490 / 25_557_032, "the total minus the old head plus the new one"),  # kept the old head
+    "05.cache_speedup": (80.0, "the one-off extraction plus every epoch on the cache"),  # forgot the extraction
+    "05.own_backward": (0.9062, "subtract their forward FLOPs once"),  # 2 x trainable: input gradients everywhere
 }
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups"]
 
 
 def own(name):

@@ -146,3 +146,11 @@ def test_inference_peak_counts_the_model_and_the_forwards_largest_moment():
 
     prune.l1_unstructured(model[0], "weight", amount=0.5)  # a mask buffer, and the weight recomputed per forward
     assert measure.inference_peak_bytes(model, x) >= small + 2 * 64 * 256 * 4
+
+
+def test_inference_peak_accepts_frozen_parameters():
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    model[0].requires_grad_(False)
+    frozen = measure.inference_peak_bytes(model, torch.randn(8, 16))
+    model[0].requires_grad_(True)
+    assert frozen == measure.inference_peak_bytes(model, torch.randn(8, 16))

@@ -247,3 +247,19 @@ def test_fit_trains_a_given_model_in_place(tiny_cfg):
     other = labkit.models.build("resnet18", 10, pretrained=False)[0]
     with pytest.raises(ConfigError, match=r"model='ResNet' is not allowed: a model built by labkit.models.build\('small_cnn'"):
         labkit.fit(tiny_cfg, model=other)
+
+
+def test_a_frozen_run_trains_only_the_unfrozen_stages(tiny_cfg):
+    trainer = labkit.train.Trainer(tiny_cfg.replace(freeze="heavy"))
+    stages = dict(labkit.models.named_stages(trainer.model))
+    head_and_block3 = {id(p) for name in ("block3", "head") for p in stages[name].parameters()}
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert optimized == head_and_block3  # the optimizer was built after the freeze
+    frozen_bn = [m for name in ("stem", "block1", "block2") for m in stages[name].modules()
+                 if isinstance(m, torch.nn.BatchNorm2d)]
+    before = [bn.running_mean.clone() for bn in frozen_bn]
+    res = trainer.run(progress=False)
+    assert res.num_trainable_params == sum(p.numel() for name in ("block3", "head") for p in stages[name].parameters())
+    assert all(not bn.training for bn in frozen_bn) and stages["block3"][0][1].training
+    assert all(torch.equal(bn.running_mean, b) for bn, b in zip(frozen_bn, before, strict=True))
+    assert res.memory["gradients"] == 4 * res.num_trainable_params  # fp32: one gradient per trainable parameter

@@ -18,6 +18,8 @@ from .validate import is_int, is_number
 
 PRECISIONS = ("fp32", "fp16", "bf16", "auto")
 OPTIMIZERS = ("adamw", "sgd", "adamw8bit", "paged_adamw8bit")
+# Layer freezing levels (what each freezes per model: `labkit.techniques.freezing`).
+FREEZE_LEVELS = ("none", "light", "medium", "heavy", "head_only")
 DEVICES_HINT = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
@@ -45,7 +47,10 @@ class RunConfig:
             backward pass instead of stored: False (off), True (every block its own segment) or an int,
             the number of checkpointed segments the blocks are split into (1 to the model's number of
             blocks, see `labkit.techniques.checkpointing.checkpoint_blocks`).
-        freeze: arrives with its notebook; only the default (None) is accepted now.
+        freeze: freeze the model's first stages: None or ``none`` (nothing), ``light``, ``medium``, ``heavy``
+            or ``head_only`` (only the head trains). Frozen parameters get no gradient and no optimizer
+            state, and frozen BatchNorm layers stay in eval mode (see `labkit.techniques.freezing`, which
+            has the table of what each level freezes per model).
         seed: seeds data order, initialisation and augmentation.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         pretrained: start from pretrained weights (ImageNet online, labkit's own checkpoints offline).
@@ -142,10 +147,9 @@ class RunConfig:
                 raise ConfigError("checkpointing", self.checkpointing,
                                   f"False, True or 1 to {len(blocks)}: {self.model} has {len(blocks)} blocks "
                                   f"({', '.join(blocks)}), and a segment holds at least one")
-        # Reserved for a later notebook.
-        if self.freeze is not None:
-            raise ConfigError("freeze", self.freeze, "None in this version of labkit",
-                              "Layer freezing arrives with its own notebook")
+        if self.freeze is not None and self.freeze not in FREEZE_LEVELS:
+            raise ConfigError("freeze", self.freeze, f"None or one of {list(FREEZE_LEVELS)} ('head_only': only the "
+                                                     "head trains)")
 
     def replace(self, **changes) -> RunConfig:
         """A copy with ``changes`` applied (and validated). Unknown names raise `ConfigError`."""

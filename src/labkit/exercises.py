@@ -498,3 +498,50 @@ register(Exercise(
     diagnose=_percent_not_fraction,
     from_run=("layer", "in_before", "out_before", "in_after", "out_after"),
 ))
+
+
+# --- Notebook 05: layer freezing ---------------------------------------------------------------------------
+
+register(Exercise(
+    name="05.head_state",
+    template=("A ResNet-50 has {num_params} parameters with its 1000-class ImageNet head, a Linear layer of "
+              "{head_in} x 1000 weights plus 1000 biases. You fine-tune it on {classes} classes, so the head is "
+              "replaced by a {head_in} x {classes} Linear layer with biases. With AdamW (8 bytes of state per "
+              "trainable parameter), what fraction (0..1) of full fine-tuning's optimizer state does head-only "
+              "freezing keep?"),
+    numbers={"num_params": 25_557_032, "head_in": 2048, "classes": 10},
+    solution="(head_in * classes + classes) / (num_params - (head_in * 1000 + 1000) + head_in * classes + classes)",
+    hint=("head-only trains the new head only: head_in x classes + classes parameters; full fine-tuning trains the "
+          "model with the new head: the total minus the old head plus the new one; the 8 bytes cancel"),
+    rel_tol=0.01,
+    diagnose=_percent_not_fraction,
+))
+
+
+register(Exercise(
+    name="05.cache_speedup",
+    template=("Head-only training through the whole network takes {epoch_s} s per epoch. Computing the frozen "
+              "features of the training set once takes {extract_s} s, and an epoch of head training on those "
+              "cached features takes {cached_s} s. Over {epochs} epochs, how many times faster is caching (total "
+              "time through the network / total time with the cache)?"),
+    numbers={"epoch_s": 40.0, "extract_s": 15.0, "cached_s": 0.5, "epochs": 10},
+    solution="epochs * epoch_s / (extract_s + epochs * cached_s)",
+    hint="with the cache: the one-off extraction plus every epoch on the cache; without: every epoch through the network",
+    rel_tol=0.01,
+))
+
+
+register(Exercise(
+    name="05.own_backward",
+    template=("Your own level sweep, at {level}: the layers with trainable weights cost {trainable_gflop} GFLOP in the "
+              "forward pass, and {first_gflop} GFLOP of that is in the layers that read the frozen part's output "
+              "(their input needs no gradient). A layer's backward pass computes its weight's gradient (as many "
+              "FLOPs as its forward) and, if its input needs one, its input's gradient (as many again); frozen "
+              "layers before them compute neither. How many GFLOP does the backward pass cost?"),
+    numbers={"level": "heavy", "trainable_gflop": 0.4531, "first_gflop": 0.151},
+    solution="2 * trainable_gflop - first_gflop",
+    hint=("every trainable layer: weight gradient + input gradient = 2 x its forward FLOPs, except that the layers "
+          "reading the frozen output compute no input gradient: subtract their forward FLOPs once"),
+    rel_tol=0.01,
+    from_run=("level", "trainable_gflop", "first_gflop"),
+))

@@ -298,6 +298,17 @@ def _memory_tracker_class():
             super().__init__()
             self.category_peaks: dict = {}
 
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            # torch's tracker puts a gradient hook on every parameter, and a frozen one (requires_grad=False,
+            # notebook 05) refuses it with a RuntimeError: mark frozen parameters as hooked already. They get
+            # no gradient, so there is nothing for a hook to count.
+            handles = getattr(self, "_param_to_grad_hook_handles", None)
+            if handles is not None:
+                for param in module.parameters():
+                    if not param.requires_grad and handles.get(param, None) is None:
+                        handles[param] = (_NoHook(), _NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
         def _update_peak_stats(self, peak_state) -> None:  # called after every tracked op
             super()._update_peak_stats(peak_state)
             for dev, snap in self._curr_mem_snap.items():
@@ -308,6 +319,13 @@ def _memory_tracker_class():
                         peaks[key] = nbytes
 
     return _CategoryPeakTracker
+
+
+class _NoHook:
+    """The stand-in hook handle of a frozen parameter in the memory tracker: nothing to remove."""
+
+    def remove(self) -> None:
+        pass
 
 
 _active_tracker = None

@@ -61,6 +61,11 @@ METRICS: dict[str, Metric] = {
     "num_trainable_params": Metric("trainable parameters", "millions", 1e-6),
     "batch_size": Metric("batch size", "samples", 1.0),
     "lr": Metric("learning rate", "", 1.0),
+    # freezing (notebook 05)
+    "mean_step_time_s": Metric("mean step time", "ms", 1e3),
+    "forward_flops": Metric("forward FLOPs per step", "GFLOP", 1e-9),
+    "backward_flops": Metric("backward FLOPs per step", "GFLOP", 1e-9),
+    "saved_activation_bytes": Metric("activations kept for backward", "MiB", 1 / MiB),
     # pruning (notebook 04)
     "latency_s": Metric("inference latency", "ms", 1e3),
     "cpu_latency_s": Metric("CPU inference latency", "ms", 1e3),

@@ -25,6 +25,7 @@ from .models import checkpoint_dir
 from .project import __version__
 from .result import MEMORY_CATEGORIES, RunResult
 from .techniques.checkpointing import apply_checkpointing
+from .techniques.freezing import freeze
 from .train import fit, run_splits
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
@@ -100,8 +101,8 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True) -
     calls get the trained model back without training again (a pruning or quantization notebook starts from it).
 
     The weights are written before the run's JSON, each atomically: an interrupted call leaves either both or a
-    run that is trained again. A model rebuilt from the cache has the trained weights, the run's checkpointing
-    and memory format, and is in training mode, as ``labkit.fit``'s model is.
+    run that is trained again. A model rebuilt from the cache has the trained weights, the run's checkpointing,
+    freezing and memory format, and is in training mode, as ``labkit.fit``'s model is.
 
     Returns:
         ``(model, result)``; ``result.model`` is ``model`` too.
@@ -124,6 +125,8 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True) -
             model.load_state_dict(state)
             if cfg.checkpointing is not False:
                 apply_checkpointing(model, cfg.checkpointing)
+            if cfg.freeze not in (None, "none"):
+                freeze(model, cfg.freeze)
             memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
             model = model.to(resolve_device(cfg.device), memory_format=memory_format).train()
             for message in result.warnings:

@@ -25,6 +25,7 @@ from .messages import note
 from .result import RunResult
 from .techniques.accumulation import sync_context
 from .techniques.checkpointing import apply_checkpointing
+from .techniques.freezing import freeze
 from .techniques.optimizers import build_optimizer, warmup_lr
 from .techniques.precision import autocast, grad_scaler, resolve_precision
 
@@ -152,6 +153,8 @@ class Trainer:
             self.warnings.append(self.weights.warning)
         if cfg.checkpointing is not False:
             apply_checkpointing(model, cfg.checkpointing)
+        if cfg.freeze not in (None, "none"):  # before the optimizer, which takes the parameters left to train
+            freeze(model, cfg.freeze)
         memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(self.device, memory_format=memory_format)
         self.model.train()

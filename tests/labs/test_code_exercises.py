@@ -12,7 +12,7 @@ from labkit import exercises
 from labkit.exercises import WrongAnswer, check
 from labkit.labs import code_exercises
 
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups"]
 
 
 @pytest.mark.parametrize("name", CODE)
@@ -152,3 +152,42 @@ def test_an_off_by_one_threshold_is_caught():
         check("04.global", keeps_the_kth)
     with pytest.raises(WrongAnswer, match="one mask per Conv2d/Linear layer"):
         check("04.global", lambda model, amount: {"stem.0": torch.ones(1)})
+
+
+def _groups(order="head_first", power_offset=0, skip=(), same_lr=False):
+    from labkit.models import named_stages
+
+    def param_groups(model, lr, decay):
+        stages = list(named_stages(model))
+        stages = stages[::-1] if order == "head_first" else stages
+        groups = []
+        for depth, (name, stage) in enumerate(stages):
+            params = [p for p in stage.parameters() if p.requires_grad]
+            if params and name not in skip:
+                groups.append({"params": params, "lr": lr if same_lr else lr * decay ** (depth + power_offset)})
+        return groups
+
+    return param_groups
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (_groups(order="stem_first"), "head gets lr 6.25e-05, expected 0.001. Hint: the head trains at the full lr"),
+    (_groups(power_offset=1), "head gets lr 0.0005, expected 0.001"),
+    (_groups(skip=("head",)), "the trainable parameters of head are in no group"),
+    (_groups(same_lr=True), "block3 gets lr 0.001, expected 0.0005. Hint: the stage k places below the head gets "
+                            "lr \\* decay\\*\\*k"),
+])
+def test_param_group_mistakes_are_named(mistake, hint):
+    with pytest.raises(WrongAnswer, match=hint):
+        check("05.param_groups", mistake)
+
+
+def test_a_parameter_in_two_groups_is_caught():
+    def twice(model, lr, decay):
+        params = [p for p in model.parameters() if p.requires_grad]
+        return [{"params": params, "lr": lr}, {"params": params[:1], "lr": lr}]
+
+    with pytest.raises(WrongAnswer, match="is in two groups"):
+        check("05.param_groups", twice)
+    with pytest.raises(WrongAnswer, match="return a list of dicts, each with 'params'"):
+        check("05.param_groups", lambda model, lr, decay: model.parameters())

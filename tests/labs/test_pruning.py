@@ -24,6 +24,15 @@ def test_the_fine_tuned_model_comes_back_from_the_cache_without_training(cfg, mo
     assert lab.accuracy(again, cfg, "test") == pytest.approx(result.accuracy)
 
 
+def test_a_model_from_the_cache_is_frozen_as_the_run_was(cfg):
+    frozen_cfg = cfg.replace(freeze="heavy")
+    trained, _ = results.cached_model(frozen_cfg)
+    again, _ = results.cached_model(frozen_cfg)
+    assert again is not trained
+    assert [p.requires_grad for p in again.parameters()] == [p.requires_grad for p in trained.parameters()]
+    assert not all(p.requires_grad for p in again.parameters())
+
+
 def test_a_cache_without_weights_trains_again(cfg):
     lab.fine_tuned(cfg)
     key = results.cache_key(cfg, results.env_report(cfg.device))

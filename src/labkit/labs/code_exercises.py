@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import time
 
 import torch
@@ -20,7 +21,7 @@ from ..config import RunConfig
 from ..env import env_report, resolve_device
 from ..equivalence import compare_step
 from ..exercises import CodeExercise, WrongAnswer
-from ..techniques import pruning
+from ..techniques import freezing, pruning
 from ..train import run_splits
 from .batch_size import without_batchnorm
 from .memory_savers import activation_peak, mlp_blocks
@@ -339,4 +340,64 @@ exercises.register(CodeExercise(
           "wherever they are: one threshold for all layers, not one per layer."),
     checker=_check_global_masks,
     reference=global_masks_solution,
+))
+
+
+# --- 05: discriminative learning rates --------------------------------------------------------------------
+
+
+def param_groups_solution(model, lr, decay):
+    """Optimizer parameter groups: ``lr`` for the head, times ``decay`` for each stage further from it."""
+    stages = models.named_stages(model)  # stem, ..., head
+    groups = []
+    for depth, (_name, stage) in enumerate(reversed(stages)):  # the head first: depth 0
+        params = [p for p in stage.parameters() if p.requires_grad]  # frozen ones need no group
+        if params:
+            groups.append({"params": params, "lr": lr * decay**depth})
+    return groups
+
+
+def _check_param_groups(param_groups) -> str:
+    torch.manual_seed(0)
+    model = freezing.freeze(models.build("small_cnn", 10, pretrained=False)[0], "light")  # the stem is frozen
+    lr, decay = 1e-3, 0.5
+    groups = param_groups(model, lr, decay)
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, dict) and "params" in g for g in groups):
+        raise WrongAnswer("05.param_groups: return a list of dicts, each with 'params' (a list of parameters) and 'lr'")
+    expected = {id(p): g["lr"] for g in freezing.discriminative_param_groups(model, lr, decay) for p in g["params"]}
+    stage_of = {id(p): name for name, stage in models.named_stages(model) for p in stage.parameters()}
+    yours: dict[int, float] = {}
+    for group in groups:
+        for p in group["params"]:
+            if id(p) in yours:
+                raise WrongAnswer(f"05.param_groups: a parameter of {stage_of[id(p)]} is in two groups; torch refuses "
+                                  "that. Hint: one group per stage")
+            yours[id(p)] = group.get("lr", lr)
+    missing = sorted({stage_of[i] for i in expected if i not in yours})
+    if missing:
+        raise WrongAnswer(f"05.param_groups: the trainable parameters of {', '.join(missing)} are in no group, so "
+                          "the optimizer would never update them. Hint: one group for every stage of "
+                          "labkit.models.named_stages(model) that has trainable parameters")
+    for i, want in reversed(list(expected.items())):  # the head first
+        got = yours[i]
+        if not math.isclose(got, want, rel_tol=1e-6):
+            stage = stage_of[i]
+            hint = ("the head trains at the full lr and the stem slowest: count the depth from the head"
+                    if stage == "head" else "the stage k places below the head gets lr * decay**k")
+            raise WrongAnswer(f"05.param_groups: {stage} gets lr {got:.3g}, expected {want:.3g}. Hint: {hint}")
+    optimizer = torch.optim.AdamW(groups, lr=lr)  # torch accepts the groups as they are
+    rates = sorted({g["lr"] for g in optimizer.param_groups}, reverse=True)
+    return (f"Your groups give each stage the learning rate labkit's discriminative_param_groups gives it "
+            f"({', '.join(f'{r:.3g}' for r in rates)}, head first), and leave the frozen stem out.")
+
+
+exercises.register(CodeExercise(
+    name="05.param_groups",
+    task=("Complete param_groups(model, lr, decay) below: return optimizer parameter groups (a list of dicts with "
+          "'params' and 'lr') for discriminative learning rates: the head's trainable parameters at lr, those of the "
+          "stage before it at lr * decay, the one before that at lr * decay**2, and so on to the stem, over the "
+          "stages of labkit.models.named_stages(model). Frozen parameters (requires_grad False) need no group. "
+          "The checker freezes the stem first."),
+    checker=_check_param_groups,
+    reference=param_groups_solution,
 ))

@@ -1,0 +1,214 @@
+"""labkit.labs.freezing: notebook 05's experiments and the findings worded from them."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from labkit import exercises, models
+from labkit.errors import ConfigError
+from labkit.labs import freezing as lab
+from labkit.units import change
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    import labkit
+
+    cfg = labkit.RunConfig(model="small_cnn", dataset="shapes10", batch_size=32, max_steps=6, train_size=128,
+                           device="cpu")
+    return cfg, lab.level_sweep(cfg, levels=["heavy", "head_only", "none"], progress=False)
+
+
+def test_level_table_says_what_each_level_freezes_per_model():
+    table = lab.level_table(["small_cnn", "resnet18"]).set_index("level")
+    assert table.loc["none", "small_cnn"] == "- (100.0% train)"
+    assert table.loc["light", "resnet18"].startswith("stem, layer1 (")
+    assert table.loc["head_only", "small_cnn"] == "stem, block1, block2, block3 (0.4% train)"  # 1,290 of 295,490
+
+
+def test_the_layer_by_layer_count_matches_the_flop_counter(tiny_cfg):
+    counts = lab.backward_profile(tiny_cfg, "none")
+    model, x, _ = lab._model_and_batch(tiny_cfg, "none")
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x)
+    assert counts["forward_flops"] == counter.get_total_flops()
+    # nothing frozen: every layer computes both gradients, except the stem conv (the images need none)
+    stem_conv = 2 * (tiny_cfg.batch_size * 24 * 32 * 32) * (3 * 3 * 3)
+    assert counts["predicted_backward_flops"] == 2 * counts["forward_flops"] - stem_conv
+    assert counts["no_input_grad_flops"] == stem_conv
+    head = lab.backward_profile(tiny_cfg, "head_only")
+    linear = 2 * tiny_cfg.batch_size * 128 * 10
+    assert head["trainable_forward_flops"] == head["no_input_grad_flops"] == head["predicted_backward_flops"] == linear
+    assert head["saved_by_stage"] == {"head": tiny_cfg.batch_size * 128 * 4}  # the pooled features only
+
+
+def test_level_sweep_measures_each_level_against_no_freezing(sweep):
+    _, df = sweep
+    assert list(df["level"]) == ["heavy", "head_only", "none"] and df["error"].isna().all()
+    rows = df.set_index("level")
+    assert rows.loc["none", "time_ratio"] == rows.loc["none", "state_ratio"] == 1.0
+    assert rows.loc["head_only", "num_trainable_params"] == 1290
+    assert rows.loc["heavy", "frozen_stages"] == "stem, block1, block2"
+    assert (rows["backward_flops"] == rows["predicted_backward_flops"]).all()
+    assert rows.loc["head_only", "backward_flops"] < 1e-3 * rows.loc["none", "backward_flops"]
+    assert rows.loc["head_only", "state_ratio"] < 0.01 and rows.loc["head_only", "mem_gradients_bytes"] == 4 * 1290
+    assert rows.loc["heavy", "saved_activation_bytes"] < 0.2 * rows.loc["none", "saved_activation_bytes"]
+    assert len(set(rows["forward_flops"])) == 1  # freezing never changes the forward pass
+    assert rows.loc["none", "accuracy_change"] == 0.0
+    with pytest.raises(ConfigError, match=r"levels=\['half'\] is not allowed: a non-empty list of levels from"):
+        lab.level_sweep(sweep[0], levels=["half"])
+
+
+def test_levels_finding_explains_the_backward_pass(sweep):
+    text = lab.levels_finding(sweep[1])
+    assert text.startswith("The forward pass costs the same at every level (")
+    assert "At head_only (stem, block1, block2, block3 frozen, 0.4% of the parameters training)" in text
+    assert "Layer by layer this predicts" in text and text.count("exactly.") == 1
+
+
+def _frame(time_ratio, accuracy, base_accuracy=0.9, test_size=1000, p10=0.009):
+    return pd.DataFrame([
+        {"level": "none", "frozen_stages": "-", "time_ratio": 1.0, "accuracy": base_accuracy, "error": None,
+         "test_size": test_size, "step_time_s": 0.010, "step_time_p10_s": p10},
+        {"level": "heavy", "frozen_stages": "stem, block1, block2", "time_ratio": time_ratio, "accuracy": accuracy,
+         "error": None, "test_size": test_size, "step_time_s": 0.010 * time_ratio},
+    ])
+
+
+@pytest.mark.parametrize("time_ratio, accuracy, verdict", [
+    (0.9, 0.70, "Reproduced: it lost 22% of the accuracy to save 10% of the time"),
+    (0.4, 0.80, "Not reproduced as stated: it lost accuracy beyond noise (11% of it), but a smaller share than "
+                "the 60% of time"),
+    (0.5, 0.895, "Not reproduced here: the accuracy lost is within noise, so the 50% of time it saved came free"),
+    (1.2, 0.70, "It was not faster here, which freezing a prefix cannot cause"),
+])
+def test_the_seeds_tradeoff_is_judged_from_the_numbers(time_ratio, accuracy, verdict):
+    text = lab.seed_tradeoff(_frame(time_ratio, accuracy))
+    assert text.startswith(f"heavy freezing (stem, block1, block2) took {time_ratio:.2f}x the step time of no "
+                           f"freezing ({change(time_ratio)})")
+    assert verdict in text
+    with pytest.raises(ConfigError, match=r"frame=\"no successful 'none' row\" is not allowed: a level_sweep frame with a successful row for 'none'"):
+        lab.seed_tradeoff(_frame(0.5, 0.8).iloc[1:])
+
+
+def test_the_batchnorm_demo_shows_the_statistics_moving_only_without_eval_mode(tiny_cfg):
+    demo = lab.batchnorm_demo(tiny_cfg, "heavy", progress=False)
+    good, bad = demo.frame.iloc[0], demo.frame.iloc[1]
+    assert list(demo.frame["variant"]) == ["BatchNorm kept in eval mode (labkit)", "requires_grad_(False) only"]
+    assert good.frozen_weight_change == bad.frozen_weight_change == 0.0
+    assert good.running_mean_change == 0.0 and good.feature_change == 0.0
+    assert bad.running_mean_change > 0 and bad.feature_change > 1e-3
+    text = demo.finding()
+    assert text.startswith("Frozen at heavy, both ways left every frozen weight exactly as it was")
+    assert "Accuracy:" in text and "A step took" in text
+    with pytest.raises(ConfigError, match=r"level='none' is not allowed: a level that freezes something"):
+        lab.batchnorm_demo(tiny_cfg, "none")
+
+
+def test_feature_caching_trains_the_same_head_faster(tiny_cfg):
+    caching = lab.feature_caching(tiny_cfg, epochs=2)
+    by = caching.frame.set_index("method")
+    assert caching.head_weight_diff < 1e-5 and by.accuracy.nunique() == 1
+    assert caching.cache_bytes == 128 * 128 * 4 * 4 * 4  # train_size x 128 channels x 4 x 4 x float32
+    assert caching.extract_s > 0 and (by.epoch_time_s > 0).all() and caching.epochs == 2
+    assert math.isclose(caching.speedup, by.epoch_time_s["through the network"] / by.epoch_time_s["cached features"])
+    with pytest.raises(ConfigError, match=r"epochs=0 is not allowed: an integer >= 1"):
+        lab.feature_caching(tiny_cfg, epochs=0)
+
+
+def test_the_caching_finding_counts_the_break_even():
+    frame = pd.DataFrame([{"method": "through the network", "epoch_time_s": 2.0, "accuracy": 0.5},
+                          {"method": "cached features", "epoch_time_s": 0.5, "accuracy": 0.5}])
+    text = lab.FeatureCaching(frame, extract_s=3.0, cache_bytes=2**20, head_weight_diff=0.0, epochs=3).finding()
+    assert "took 2 s through the whole network and 500 ms on the cached features (4.0x faster)" in text
+    assert "Caching pays for itself after 2.00 epochs; over these 3 epochs it took 4.5 s in all against 6 s" in text
+    assert text.endswith("the accuracy is 50.0% both ways.")
+
+
+def test_schedules_end_with_everything_training(sweep):
+    cfg, df = sweep
+    schedules = lab.schedule_runs(cfg, df, decay=0.5, progress=False)
+    rows = schedules.set_index("setup")
+    assert list(rows.index) == ["heavy", "head_only", "none", *lab.SCHEDULES] and rows["error"].isna().all()
+    assert (rows.loc[list(lab.SCHEDULES), "num_trainable_params"] == 295_490).all()
+    # 6 steps, 4 body stages: one stage thaws every 6 // 5 = 1 step, from the top
+    assert rows.loc["gradual unfreezing", "schedule"] == "block3@1, block2@2, block1@3, stem@4"
+    assert rows.loc["discriminative lr", "schedule"] == "stem 6.3e-05, block1 0.00013, block2 0.00025, block3 0.0005, head 0.001"
+    assert rows.loc["gradual unfreezing", "mem_optimizer_state_bytes"] == rows.loc["none", "mem_optimizer_state_bytes"]
+    text = lab.schedule_finding(schedules, test_size=256)
+    assert text.startswith("gradual unfreezing: ") and "Best accuracy: " in text
+    with pytest.raises(ConfigError, match=r"optimizer='sgd' is not allowed: 'adamw'"):
+        lab.schedule_runs(cfg.replace(optimizer="sgd"), df)
+    with pytest.raises(ConfigError, match=r"decay=0 is not allowed: a number in \(0, 1\]"):
+        lab.schedule_runs(cfg, df, decay=0)
+
+
+def test_own_backward_numbers_come_from_the_sweep(sweep):
+    _, df = sweep
+    mine = lab.backward_numbers(df, "heavy")
+    row = df.set_index("level").loc["heavy"]
+    assert mine["trainable_gflop"] == round(row.trainable_forward_flops / 1e9, 4) and mine["level"] == "heavy"
+    answer = 2 * mine["trainable_gflop"] - mine["first_gflop"]
+    assert exercises.check("05.own_backward", answer, mine).startswith("05.own_backward: correct!")
+    assert lab.backward_check(mine, df).startswith(f"The arithmetic gives {answer:.4g} GFLOP")
+    with pytest.raises(ConfigError, match=r"frame=\"no successful 'light' row\" is not allowed"):
+        lab.backward_numbers(df, "light")
+
+
+def test_model_and_batch_freezes_as_the_run_does(tiny_cfg):
+    model, x, y = lab._model_and_batch(tiny_cfg, "heavy")
+    assert x.shape == (tiny_cfg.batch_size, 3, 32, 32) and y.shape == (tiny_cfg.batch_size,)
+    assert [n for n, s in models.named_stages(model) if not any(p.requires_grad for p in s.parameters())] == [
+        "stem", "block1", "block2"]
+
+
+def test_a_schedules_mean_step_counts_each_step_at_its_phases_median():
+    from labkit.result import RunResult
+
+    # 10 steps, the first 3 untimed; a stage thaws at step 5: phase medians 1.0 (2 steps) and 3.0 (5 steps)
+    result = RunResult(config={}, steps=10, step_times_s=[1.0, 1.0, 3.0, 3.0, 9.0, 3.0, 3.0])
+    assert lab._typical_step_s(result, [5]) == pytest.approx((2 * 1.0 + 5 * 3.0) / 7)
+    assert lab._typical_step_s(result) == 3.0  # one phase: the median, whatever the disturbed 9.0 did
+    assert math.isnan(lab._typical_step_s(RunResult(config={}, steps=4)))
+
+
+def test_levels_finding_says_when_the_timing_was_disturbed(sweep):
+    _, df = sweep
+    disturbed = df.copy()
+    head = disturbed["level"] == "head_only"
+    disturbed.loc[head, "step_time_s"] = 2 * disturbed.loc[disturbed["level"] == "none", "step_time_s"].iloc[0]
+    disturbed.loc[head, "time_ratio"] = 2.0
+    text = lab.levels_finding(disturbed)
+    assert "The step took 2.00x the time" in text and "this machine's timing was disturbed" in text
+    rows = df.set_index("level")  # the live run says so exactly when its frozen step was no faster
+    disturbed_live = rows.loc["head_only", "step_time_s"] >= rows.loc["none", "step_time_p10_s"]
+    assert ("this machine's timing was disturbed" in lab.levels_finding(df)) == disturbed_live
+
+
+def test_torchs_counter_counts_grouped_weight_gradients_as_ungrouped(tiny_cfg):
+    # ShuffleNetV2's depthwise convolutions: the counter's backward is the prediction plus its overcount
+    cfg = tiny_cfg.replace(model="shufflenet_v2_x0_5", batch_size=4)
+    counts = lab.backward_profile(cfg, "medium")
+    model, x, y = lab._model_and_batch(cfg, "medium")
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert counts["counter_overcount_flops"] > 0
+    measured = counter.get_total_flops() - counts["forward_flops"]
+    assert measured == counts["predicted_backward_flops"] + counts["counter_overcount_flops"]
+    row = {"predicted_backward_flops": counts["predicted_backward_flops"], "backward_flops": measured,
+           "counter_overcount_flops": counts["counter_overcount_flops"]}
+    assert "it counts the weight gradient of a grouped (depthwise) convolution as if" in lab._against_counter(row)
+
+
+def test_the_finding_separates_the_counters_overcount_from_the_real_backward(sweep):
+    _, df = sweep
+    grouped = df.copy()
+    none = grouped["level"] == "none"
+    grouped.loc[none, "counter_overcount_flops"] = 0.5e9
+    grouped.loc[none, "backward_flops"] = grouped.loc[none, "backward_flops"] + 0.5e9
+    text = lab.levels_finding(grouped)
+    assert "Of that, 0.5 GFLOP is the FLOP counter counting the weight gradients of grouped (depthwise)" in text
+    assert "Of that" not in lab.levels_finding(df)  # small_cnn has no grouped convolution
