@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import html
 import inspect
+import io
 import numbers
 import sys
 import time
 import traceback
 
 import ipywidgets as widgets
-from IPython.display import display
+from IPython.display import Image, display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from .config import RunConfig, check_keys
 from .errors import ConfigError, LabkitError
@@ -279,12 +281,23 @@ def _open_figures() -> set:
 
 
 def _display_new_figures(before: set) -> None:
-    """Display and close the matplotlib figures a run opened: a widget callback has no end-of-cell flush."""
+    """Display and close the matplotlib figures a run opened: a widget callback has no end-of-cell flush.
+
+    Each is rendered on a fresh Agg canvas, at its own layout (labkit's views lay their figures out with
+    ``tight_layout``), and shown as a PNG. Displaying the figure itself, through IPython's formatter, came out
+    blank in JupyterLab for panels with two rows of charts (notebooks 02 and 05; not reproduced by a kernel
+    driven without a browser): by then the figure's canvas was a bare ``FigureCanvasBase`` in one case, and
+    the inline backend's ``bbox_inches="tight"`` cropping drew no more than a tick label in the other. Why
+    is not understood yet; the same figure drawn on its own Agg canvas is whole, and the browser test checks
+    that every panel chart has ink.
+    """
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is None:
         return
     for number in plt.get_fignums():
         if number not in before:
             figure = plt.figure(number)
-            display(figure)
+            buffer = io.BytesIO()
+            FigureCanvasAgg(figure).print_png(buffer)
             plt.close(figure)
+            display(Image(data=buffer.getvalue(), format="png"))

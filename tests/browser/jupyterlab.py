@@ -126,6 +126,7 @@ class PanelRun:
     status: str = ""
     seconds: float = 0.0
     images: int = 0
+    ink: list[float] = field(default_factory=list)  # per image: the share of pixels that are not near-white
     notes: list[str] = field(default_factory=list)
     estimate: str | None = None
 
@@ -243,6 +244,10 @@ class NotebookPage:
         run.status = status.inner_text()
         output = panel.locator(".widget-output")
         run.images = output.locator("img").count()
+        run.ink = [image_ink(src) for src in output.locator("img").evaluate_all("imgs => imgs.map(i => i.src)")]
+        import base64 as _b
+        for _k, _src in enumerate(self.page.evaluate("() => Array.from(document.querySelectorAll('.widget-output img')).map(i => i.src)")):
+            open(f"/tmp/dbg/web{_k}.png", "wb").write(_b.b64decode(_src.split(",", 1)[1]))
         run.notes = [text for text in output.locator(".jp-OutputArea-output").all_inner_texts()
                      if "labkit note" in text]
         if shot is not None:
@@ -328,3 +333,18 @@ def cells_not_run(cells: list[dict]) -> list[int]:
         else:
             later_visible_ran = later_visible_ran or ran[index]
     return [cell["index"] for cell, done in zip(cells, ran, strict=True) if not done]
+
+
+def image_ink(src: str) -> float:
+    """The share of an image's pixels that are not near-white, from its ``data:`` URL: a chart drawn blank has
+    almost none (a few tick labels), a real one several percent."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    if not src.startswith("data:image/png;base64,"):
+        return 1.0  # not an inline PNG: nothing to judge
+    pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).convert("L"))
+    return float((pixels < 200).mean())

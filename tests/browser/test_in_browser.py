@@ -23,6 +23,9 @@ RUN_ALL_TIMEOUT_S = 900
 # part of the notebook the picture missed.
 MAX_BLANK_PX = 1500
 PANEL_TIMEOUT_S = 300
+# A chart's share of non-white pixels: a few percent at least (axes, bars, text); a chart drawn blank but for a
+# tick label has about 0.1 %.
+MIN_CHART_INK = 0.01
 # The dropdown each panel's test changes when it is not the first: 00's first is the model, and a
 # shufflenet run costs a minute on CI's cores without showing anything the train-size change does not.
 DROPDOWN = {"00_start_here": "train_size"}
@@ -70,6 +73,7 @@ def test_notebook_in_jupyterlab(path, lab_server, page):
                 or run.dropdown_value in ("True", "False", "None") else repr(run.dropdown_value)
             assert f"{run.dropdown}={shown}" in run.status, (run.dropdown, run.dropdown_value, run.status)
         assert run.images >= 1, f"{path.name}: the panel run drew no chart: {run.status}"
+        assert min(run.ink) > MIN_CHART_INK, f"{path.name}: a chart of the panel run is drawn blank: ink {run.ink}"
         assert run.estimate, f"{path.name}: the panel showed no time estimate before Run"
     logged = notebook.log_console_messages()
     assert not logged, f"{path.name}: output landed in JupyterLab's log console: {logged}"
