@@ -267,7 +267,9 @@ def _in_turns(calls: list, prof: Profile) -> list[float]:
     for call in calls:
         call()
     times: list[list[float]] = [[] for _ in calls]
-    for _ in range(max(3, prof.repeats)):
+    # A quarter of the profile's repeats, at least 5: at `full` the matrix is a ResNet's largest conv (2.4M weights),
+    # and a dense CPU product of it takes a good fraction of a second.
+    for _ in range(max(5, prof.repeats // 4)):
         for call, collected in zip(calls, times, strict=True):
             start = time.perf_counter()
             call()
