@@ -17,7 +17,7 @@ from labkit import data, models
 from labkit.errors import ChecksumError, ConfigError
 
 PARAM_COUNTS = {"small_cnn": 295_490, "resnet18": 11_181_642, "resnet50": 23_528_522,
-                "shufflenet_v2_x0_5": 352_042, "shufflenet_v2_x1_0": 1_263_854}
+                "shufflenet_v2_x0_5": 352_042, "shufflenet_v2_x1_0": 1_263_854, "tiny_vit": 311_146}
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +50,7 @@ def test_every_model_builds_and_maps_32px_images_to_class_logits(name):
 
 @pytest.mark.parametrize("name, stages", [
     ("small_cnn", ["stem", "block1", "block2", "block3", "head"]),
+    ("tiny_vit", ["stem", "block1", "block2", "block3", "block4", "head"]),
     ("resnet18", ["stem", "layer1", "layer2", "layer3", "layer4", "head"]),
     ("resnet50", ["stem", "layer1", "layer2", "layer3", "layer4", "head"]),
     ("shufflenet_v2_x0_5", ["stem", "stage2", "stage3", "stage4", "conv5", "head"]),
@@ -120,7 +121,7 @@ def test_is_online_reads_labkit_offline(monkeypatch, value, online):
 
 @pytest.mark.parametrize("name, reason, fix", [
     ("small_cnn", "torchvision has no ImageNet weights for small_cnn", "`labkit pretrain small_cnn`"),
-    ("resnet18", r"\$LABKIT_OFFLINE is set", "use a model labkit ships weights for (small_cnn, shufflenet_v2_x0_5)"),
+    ("resnet18", r"\$LABKIT_OFFLINE is set", "use a model labkit ships weights for (small_cnn, shufflenet_v2_x0_5, tiny_vit)"),
 ])
 def test_pretrained_offline_without_checkpoint_warns_and_is_random(name, reason, fix, capsys):
     with warnings.catch_warnings():
@@ -246,3 +247,19 @@ def test_failed_download_falls_back_to_the_checkpoint_then_to_random(monkeypatch
     assert re.search(r"NO IMAGENET WEIGHTS .*could not be downloaded.*starts from labkit's offline checkpoint",
                      " ".join(capsys.readouterr().out.split()))
     assert weights.source == "labkit:shufflenet_v2_x0_5.pt" and "shapes_source" in weights.warning
+
+
+def test_tiny_vit_puts_almost_all_its_work_in_linear_layers():
+    """What makes it the quantization notebook's Linear-heavy model: int8 dynamic quantization reaches Linear
+    layers only (a conv stays in float), and nearly every multiply-add of this model is in one."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = models.build("tiny_vit", num_classes=10, pretrained=False)[0].eval()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    assert linear / sum(p.numel() for p in model.parameters()) > 0.9
+    assert not any(isinstance(m, nn.MultiheadAttention) for m in model.modules())  # its projections are nn.Linear
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.randn(2, 3, 32, 32))
+    counts = counter.get_flop_counts()["Global"]
+    matmuls = sum(v for op, v in counts.items() if "addmm" in str(op) or "mm" in str(op) or "bmm" in str(op))
+    assert matmuls / counter.get_total_flops() > 0.85

@@ -64,3 +64,12 @@ def test_bench_parts_for_notebooks_01_and_02_load_back(tmp_path, monkeypatch, ti
     assert list(staged.stage) == ["baseline", "+AMP", "+checkpointing", "+8-bit optimizer", "all together"]
     with pytest.raises(ConfigError, match="experiments=\\['03_nope'\\] is not allowed"):
         run_bench(out_dir=tmp_path, experiments=["03_nope"])
+
+
+def test_committed_tiny_vit_checkpoint_transfers_to_the_fine_tuning_task():
+    """The shipped tiny_vit checkpoint (notebook 06's Linear-heavy model) must beat a random start on shapes10."""
+    models.load_checkpoint("tiny_vit")  # sha256 matches the manifest
+    cfg = labkit.config.baseline(labkit.profile("ci"), model="tiny_vit")
+    pretrained, scratch = labkit.fit(cfg), labkit.fit(cfg.replace(pretrained=False))
+    assert pretrained.weights == "labkit:tiny_vit.pt" and scratch.weights == "random"
+    assert pretrained.accuracy > scratch.accuracy + 0.2

@@ -36,11 +36,12 @@ _FAMILIES = {
     "resnet50": "resnet",
     "shufflenet_v2_x0_5": "shufflenet",
     "shufflenet_v2_x1_0": "shufflenet",
+    "tiny_vit": "tiny_vit",  # labkit's own Linear-heavy model (notebook 06: quantization)
 }
 
 
 # Models small enough (a few MB) for labkit to ship offline checkpoints of (`labkit pretrain`).
-SHIPPED_CHECKPOINTS = ("small_cnn", "shufflenet_v2_x0_5")
+SHIPPED_CHECKPOINTS = ("small_cnn", "shufflenet_v2_x0_5", "tiny_vit")
 
 
 def available() -> list[str]:
@@ -109,12 +110,96 @@ class SmallCNN(nn.Module):
         return self.head(self.block3(self.block2(self.block1(self.stem(x)))))
 
 
+# --- tiny_vit -------------------------------------------------------------------------------------
+
+
+class PatchEmbed(nn.Module):
+    """Cut a 32x32 image into ``patch`` x ``patch`` patches, embed each as a ``dim``-vector, add a learned position."""
+
+    def __init__(self, image_size: int, patch: int, dim: int):
+        super().__init__()
+        if image_size % patch:
+            raise ConfigError("patch", patch, f"a divisor of the image size {image_size}")
+        self.proj = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
+        self.position = nn.Parameter(torch.zeros(1, (image_size // patch) ** 2, dim))
+        nn.init.trunc_normal_(self.position, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2) + self.position  # [B, tokens, dim]
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with plain ``nn.Linear`` projections (so that int8 quantization reaches them)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, dim = x.shape
+        q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        out = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(batch, tokens, dim))
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm transformer block: x + attention(norm(x)), then x + MLP(norm(x))."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TokenMean(nn.Module):
+    """Average over the tokens: [B, tokens, dim] -> [B, dim] (the head's pooling)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=1)
+
+
+class TinyViT(nn.Module):
+    """A small vision transformer for 32x32 images, Linear-heavy: 4x4 patches (64 tokens), width 96, 4 blocks.
+
+    Its children are its stages: ``stem`` (patch embedding and positions), ``block1``..``block4`` (pre-norm
+    transformer blocks, each attention and an MLP of plain ``nn.Linear`` layers) and ``head`` (LayerNorm,
+    mean over tokens, Linear). Almost all of its multiply-adds are in Linear layers, where int8 pays off.
+
+    Example:
+        >>> TinyViT(10)(torch.zeros(2, 3, 32, 32)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, num_classes: int, image_size: int = 32, patch: int = 4, dim: int = 96, depth: int = 4,
+                 heads: int = 3, mlp_ratio: int = 2):
+        super().__init__()
+        self.stem = PatchEmbed(image_size, patch, dim)
+        for i in range(depth):
+            self.add_module(f"block{i + 1}", TransformerBlock(dim, heads, mlp_ratio))
+        self.head = nn.Sequential(nn.LayerNorm(dim), TokenMean(), nn.Linear(dim, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for module in self.children():
+            x = module(x)
+        return x
+
+
 # --- building -------------------------------------------------------------------------------------
 
 
 def _construct(name: str, num_classes: int) -> nn.Module:
     if name == "small_cnn":
         return SmallCNN(num_classes)
+    if name == "tiny_vit":
+        return TinyViT(num_classes)
     import torchvision
 
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
@@ -130,8 +215,8 @@ def _construct(name: str, num_classes: int) -> nn.Module:
 
 
 def _imagenet_weights(name: str):
-    """torchvision's default ImageNet weights for ``name``, or None (small_cnn has none)."""
-    if name == "small_cnn":
+    """torchvision's default ImageNet weights for ``name``, or None (labkit's own models have none)."""
+    if name in ("small_cnn", "tiny_vit"):
         return None
     import torchvision
 
@@ -245,6 +330,8 @@ def _family(model: nn.Module) -> str | None:
         return family
     if isinstance(model, SmallCNN):
         return "small_cnn"
+    if isinstance(model, TinyViT):
+        return "tiny_vit"
     import torchvision
 
     if isinstance(model, torchvision.models.ResNet):
@@ -267,7 +354,7 @@ def named_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """
     m = unwrap(model)
     family = _family(m)
-    if family == "small_cnn":
+    if family in ("small_cnn", "tiny_vit"):
         return list(m.named_children())
     if family == "resnet":
         return [("stem", nn.Sequential(m.conv1, m.bn1, m.relu, m.maxpool)),
@@ -285,6 +372,7 @@ def named_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
 # at full resolution and often holds the largest activations of all.
 _BLOCKS = {
     "small_cnn": ("stem", "block1", "block2", "block3"),
+    "tiny_vit": ("stem", "block1", "block2", "block3", "block4"),
     "resnet": ("stem", "layer1", "layer2", "layer3", "layer4"),
     "shufflenet": ("stem", "stage2", "stage3", "stage4", "conv5"),
 }
@@ -326,7 +414,7 @@ def forward_head(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """
     m = unwrap(model)
     family = _family(m)
-    if family == "small_cnn":
+    if family in ("small_cnn", "tiny_vit"):
         return m.head(x)
     if family == "resnet":  # torchvision's ResNet._forward_impl
         return m.fc(torch.flatten(m.avgpool(x), 1))
