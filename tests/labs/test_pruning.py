@@ -155,6 +155,8 @@ def test_seed_repeats_count_the_images_gained_and_lost(cfg):
     assert "Over 2 seeds x 2 amounts" in lab.rise_finding(frame)
     with pytest.raises(ConfigError, match=r"seeds=\[0\] is not allowed: at least two different seeds"):
         lab.seed_repeats(cfg, seeds=(0,))
+    with pytest.raises(ConfigError, match=r"amounts=1.5 is not allowed: a fraction in \[0, 1\)"):
+        lab.seed_repeats(cfg, seeds=(5, 6), amounts=(1.5,))  # refused before seeds 5 and 6 are fine-tuned
 
 
 @pytest.mark.parametrize("method", lab.METHODS)

@@ -657,12 +657,13 @@ def seed_repeats(cfg: RunConfig, seeds: Iterable[int] = (0, 1, 2), amounts: Iter
     seeds = list(seeds)
     if len(seeds) < 2 or not all(is_int(s) and s >= 0 for s in seeds):
         raise ConfigError("seeds", seeds, "at least two different seeds (integers >= 0): a spread needs repeats")
+    amounts = [pruning.check_amount(a, "amounts") for a in amounts]  # before any fine-tune runs
     rows = []
     for seed in seeds:
         model, _ = fine_tuned(cfg.replace(seed=seed))
         right = _predictions(model, cfg)
         for amount in amounts:
-            pruned = pruning.l1_unstructured(copy.deepcopy(model), pruning.check_amount(amount), scope=scope)
+            pruned = pruning.l1_unstructured(copy.deepcopy(model), amount, scope=scope)
             now = _predictions(pruned, cfg)
             rows.append({"seed": seed, "amount": amount, "test_accuracy": float(now.float().mean()),
                          "unpruned_accuracy": float(right.float().mean()),
@@ -727,7 +728,6 @@ class PruneRun:
     model_size_bytes: int
     dense_params: int
     warnings: list = field(default_factory=list)
-    error: str | None = None
 
     def to_row(self) -> dict:
         row = {k: v for k, v in asdict(self).items() if k not in ("config", "warnings")}
