@@ -120,3 +120,18 @@ def test_trend_keeps_runs_as_points_one_line_per_hue(capsys):
     plt.close("all")
     with pytest.raises(ConfigError, match=r"Trend column='latency_s' is not allowed"):
         views.Trend("params_removed", ("latency_s",))(_Point("a", 0.1, 0.9))
+
+
+def test_bars_keep_one_bar_per_x_and_hue_the_latest_run(capsys):
+    bars = views.Bars("method", ("test_accuracy",), hue="params_removed")
+    for point in (_Point("a", 0.2, 0.9), _Point("a", 0.2, 0.6), _Point("b", 0.2, 0.7), _Point("b", 0.8, 0.5)):
+        bars(point)
+    assert [(r["method"], r["params_removed"], r["test_accuracy"]) for r in bars.runs] == [
+        ("a", 0.2, 0.6), ("b", 0.2, 0.7), ("b", 0.8, 0.5)]  # a's first run was replaced by its rerun
+    assert capsys.readouterr().out.splitlines()[-1] == "b 0.8"
+    ax = plt.gcf().axes[0]
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches if p.get_height())
+    assert heights == [50.0, 60.0, 70.0]  # percent
+    plt.close("all")
+    with pytest.raises(ConfigError, match=r"Bars column='latency_s' is not allowed"):
+        views.Bars("method", ("latency_s",))(_Point("a", 0.1, 0.9))

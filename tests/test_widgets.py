@@ -197,6 +197,17 @@ def test_options_go_to_run_as_keywords():
     assert "lr_scaling='sqrt'" in html.unescape(panel.status.value)
 
 
+def test_options_start_at_the_run_functions_defaults():
+    def run(cfg, method="b", amount=8, unset=None):
+        return {"ok": True}
+
+    panel = ExperimentPanel(run, {"batch_size": (16, 256, 16)}, base=RunConfig(max_steps=4),
+                            options={"method": ["a", "b"], "amount": (1, 32, 1), "unset": ["x", "y"]},
+                            show=lambda r: None)
+    assert panel.options["method"].value == "b" and panel.options["amount"].value == 8
+    assert panel.options["unset"].value == "x"  # the default None is not an option: the first one
+
+
 def test_options_must_be_keywords_of_run():
     with pytest.raises(ConfigError, match="options key='warmup' is not allowed: a keyword argument of fake_run"):
         def fake_run(cfg):

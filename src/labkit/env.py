@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform as _platform
 import re
@@ -315,3 +316,20 @@ def env_report(device: str = "auto") -> EnvReport:
 def hardware_key(report: dict) -> str:
     """What makes two measurements comparable: device, GPU, torch version, profile."""
     return "|".join(str(report.get(k)) for k in ("device", "gpu", "cpu", "torch", "profile"))
+
+
+class _SkipUnusedKernelNotice(logging.Filter):
+    """bitsandbytes logs, on import on CPUs without the optional ``kernels`` package, that it failed to load
+    a faster CPU 4-bit matmul; it then runs its own PyTorch implementation, which is all labkit needs
+    (8-bit optimizers use no 4-bit matmul; notebook 06 says that NF4 on a CPU runs the fallback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "gemm_4bit_forward" not in record.getMessage()
+
+
+def import_bitsandbytes():
+    """Import bitsandbytes without its misleading CPU-kernel notice; raises what the import raises."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_SkipUnusedKernelNotice())
+    import bitsandbytes
+
+    return bitsandbytes

@@ -35,3 +35,11 @@ class NonFiniteLossError(LabkitError, FloatingPointError):
 
 class DatasetUnavailableError(LabkitError, RuntimeError):
     """A dataset could not be found on disk nor downloaded."""
+
+
+class UnsupportedError(LabkitError, RuntimeError):
+    """What was asked exists, but this device or this installation cannot run it."""
+
+    def __init__(self, field: str, value, reason: str, available: str):
+        self.field, self.value, self.reason = field, value, reason
+        super().__init__(f"{field}={value!r} cannot run here: {reason}. What runs here: {available}")

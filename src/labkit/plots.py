@@ -79,6 +79,14 @@ METRICS: dict[str, Metric] = {
     "accuracy_drop": Metric("validation accuracy lost", "points", 100.0),
     "weight_bytes": Metric("weight storage", "KiB", 1 / 1024),
     "matmul_s": Metric("matmul time", "ms", 1e3),
+    # quantization (notebook 06)
+    "size_vs_fp32": Metric("file size, share of fp32's", "%", 100.0),
+    "cpu_speedup": Metric("CPU speed-up over fp32", "x", 1.0),
+    "gpu_latency_s": Metric("GPU inference latency", "ms", 1e3),
+    "gpu_speedup": Metric("GPU speed-up over fp32", "x", 1.0),
+    "mean_abs_error": Metric("mean absolute error", "", 1.0),
+    "relative_error": Metric("relative error (norm)", "%", 100.0),
+    "extra_train_time_s": Metric("extra training time", "s", 1.0),
     **{f"mem_{c}_bytes": Metric(f"memory: {c.replace('_', ' ')}", "MiB", 1 / MiB) for c in MEMORY_CATEGORIES},
 }
 

@@ -105,14 +105,42 @@ class Trend:
         row = result.to_row()
         missing = [c for c in (self.x, *self.ys, *([self.hue] if self.hue else [])) if c not in row]
         if missing:
-            raise ConfigError("Trend column", missing[0], f"a column of the run's to_row() ({', '.join(row)})")
-        self.runs = [*self.runs, row][-self.max_runs:]
+            raise ConfigError(f"{type(self).__name__} column", missing[0],
+                              f"a column of the run's to_row() ({', '.join(row)})")
+        self.runs = [*self._others(row), row][-self.max_runs:]
         print(result)
         frame = pd.DataFrame(self.runs)
         fig, axes = grid(len(self.ys))
         for ax, column in zip(axes, self.ys, strict=True):
-            line(frame, x=self.x, y=column, hue=self.hue, ax=ax)
+            self._draw(frame, column, ax)
         fig.tight_layout()
+
+    def _others(self, row: dict) -> list:
+        """The earlier runs kept beside ``row``: all of them (every run is a point)."""
+        return self.runs
+
+    def _draw(self, frame: pd.DataFrame, column: str, ax) -> None:
+        line(frame, x=self.x, y=column, hue=self.hue, ax=ax)
+
+
+class Bars(Trend):
+    """A panel's ``show`` like `Trend` for a categorical ``x`` (e.g. ``"method"``): one bar per run, grouped by
+    ``x`` and coloured by ``hue``; a new run replaces an earlier one with the same ``x`` and ``hue``.
+
+    Example:
+        >>> ExperimentPanel(lab.panel_run, {"seed": [0]}, options={"method": ["int8_dynamic", "int8_static"]},
+        ...                 show=views.Bars("method", ("size_vs_fp32", "test_accuracy"), hue="model"))
+    """
+
+    def _others(self, row: dict) -> list:
+        """The earlier runs except one with the same ``x`` and ``hue`` as ``row`` (a rerun replaces it)."""
+        def key(r):
+            return r[self.x], r[self.hue] if self.hue else None
+
+        return [r for r in self.runs if key(r) != key(row)]
+
+    def _draw(self, frame: pd.DataFrame, column: str, ax) -> None:
+        bar(frame, x=self.x, y=column, hue=self.hue, ax=ax)
 
 
 def run_overview(result) -> None:

@@ -88,7 +88,8 @@ class ExperimentPanel:
             when all ints, else FloatSlider) or a bool (Checkbox, initially that value).
         base: the `RunConfig` the controls override (default ``RunConfig()``); it also sets the
             initial dropdown/slider values where they are allowed.
-        options: controls that are not `RunConfig` fields, name -> spec as in ``controls``; their values
+        options: controls that are not `RunConfig` fields, name -> spec as in ``controls`` (each starts at
+            ``run``'s default for that keyword when the spec offers it); their values
             go to ``run`` as keyword arguments (e.g. ``{"lr_scaling": [False, "linear", "sqrt"]}``), so
             ``run`` must accept each name.
         show: ``show(result)`` draws the result into the output area (default: ``display(result)``).
@@ -129,7 +130,8 @@ class ExperimentPanel:
             if name in controls or not _accepts_keyword(run, name):
                 raise ConfigError("options key", name, f"a keyword argument of {getattr(run, '__name__', run)} that "
                                   "is not also a RunConfig control")
-        self.options = {name: make_control(name, spec) for name, spec in options.items()}
+        # An option starts at the run function's own default for it, when the control offers that value.
+        self.options = {name: make_control(name, spec, _keyword_default(run, name)) for name, spec in options.items()}
         self.button = widgets.Button(description="Run", button_style="primary", tooltip="Train with these settings")
         self.progress = widgets.IntProgress(value=0, min=0, max=1, description="progress", style=_WIDE)
         self.status = widgets.HTML(value="Set the controls and press <b>Run</b>.")
@@ -273,6 +275,12 @@ def _accepts_keyword(func, name: str) -> bool:
         return False
     param = parameters.get(name)
     return param is not None and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+
+
+def _keyword_default(func, name: str):
+    """The default of ``func``'s keyword ``name``, or None when it has none."""
+    param = inspect.signature(func).parameters[name]
+    return None if param.default is inspect.Parameter.empty else param.default
 
 
 def _open_figures() -> set:

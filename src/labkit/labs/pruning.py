@@ -34,16 +34,15 @@ from .. import data, measure, results, train
 from ..config import RunConfig
 from ..env import Profile, env_report, profile, resolve_device
 from ..errors import ConfigError
+from ..inference import LATENCY_BATCH, LATENCY_ROUNDS, _splits, accuracy, example_batch, latencies  # noqa: F401 (04 uses them)
 from ..messages import worded, wrap
 from ..techniques import pruning
-from ..techniques.precision import resolve_precision
 from ..units import change, mib
 from ..validate import is_int
 
 PUZZLE_AMOUNTS = (0.0, 0.2, 0.4, 0.6, 0.8)  # the seeds' range
 SCAN_SPARSITIES = (0.3, 0.5, 0.7, 0.9)
 STORAGE_SPARSITIES = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
-LATENCY_BATCH = 64
 METHODS = ("unstructured", "structured")
 # A latency within this factor of the dense model's is "unchanged": CPU timings of the same work differ
 # by several percent from one measurement to the next.
@@ -62,57 +61,6 @@ def fine_tuned(cfg: RunConfig, progress: bool = True) -> tuple[nn.Module, object
         >>> model, result = fine_tuned(labkit.config.baseline())
     """
     return results.cached_model(cfg, progress=progress)
-
-
-def _splits(cfg: RunConfig) -> dict:
-    return train.run_splits(cfg, training=False)
-
-
-def accuracy(model: nn.Module, cfg: RunConfig, split: str = "val") -> float:
-    """Accuracy of ``model`` on the ``val`` (choices: sensitivity, ratios) or ``test`` split (the final word)."""
-    if split not in ("val", "test"):
-        raise ConfigError("split", split, "'val' (for choosing) or 'test' (for reporting)")
-    device = next(model.parameters()).device
-    precision = resolve_precision("fp32", device)
-    return train.evaluate(model, _splits(cfg)[split], cfg, device, precision)
-
-
-def example_batch(cfg: RunConfig, batch_size: int = LATENCY_BATCH, device=None) -> torch.Tensor:
-    """``batch_size`` test images as the model sees them, on ``device`` (default: the run's)."""
-    test = _splits(cfg)["test"]
-    images = test.images[:batch_size]
-    if len(images) < batch_size:  # a tiny test split: repeat it
-        images = images.repeat((batch_size + len(images) - 1) // len(images), 1, 1, 1)[:batch_size]
-    device = resolve_device(cfg.device) if device is None else device
-    return data.to_model_input(images, test, device, cfg.channels_last, cfg.image_size)
-
-
-LATENCY_ROUNDS = 3
-
-
-def latencies(models: list[nn.Module], x: torch.Tensor, prof: Profile | None = None, cpu: bool = False) -> list[float]:
-    """Median inference latency of each model on ``x``, measured in turns (a few calls of each, round after round),
-    so that a slow spell of the machine (another process, a clock change) hits every model alike.
-
-    Args:
-        models: the models to compare. x: the batch (on the device they run on).
-        prof: the profile (its ``repeats`` calls per model in all; default: the active one).
-        cpu: time CPU copies of the models (when they live on a GPU: fewer calls, a CPU is slow).
-    """
-    prof = prof or profile()
-    warmup = max(2, prof.warmup_steps)
-    if cpu and x.device.type != "cpu":  # a full-size model on a cloud VM's CPU: seconds per call
-        models, x = [copy.deepcopy(m).cpu() for m in models], x.cpu()
-        calls, warmup = 1, 1
-    else:
-        calls = max(2, prof.repeats // LATENCY_ROUNDS)
-    times: list[list[float]] = [[] for _ in models]
-    for model in models:  # warm-up, untimed
-        measure.measure_latency(model, x, warmup=warmup, repeats=1)
-    for _ in range(LATENCY_ROUNDS):
-        for model, collected in zip(models, times, strict=True):
-            collected += measure.measure_latency(model, x, warmup=0, repeats=calls).times_s
-    return [statistics.median(t) for t in times]
 
 
 def forward_flops(model: nn.Module, x: torch.Tensor) -> int:

@@ -10,12 +10,12 @@
 from __future__ import annotations
 
 import functools
-import logging
 import math
 
 import torch
 
 from ..config import RunConfig
+from ..env import import_bitsandbytes
 from ..errors import ConfigError
 from ..validate import check_positive_int, is_int
 
@@ -29,14 +29,6 @@ INSTALL_HINT = (f"Install (or upgrade) it with `pip install '{BITSANDBYTES_REQUI
                 "'labkit-finetune[memory]'`); 0.50 is the first version whose 8-bit optimizers run on the CPU too")
 
 
-class _SkipUnusedKernelWarning(logging.Filter):
-    """bitsandbytes logs, on import on some CPUs, that an optional 4-bit matmul kernel package is missing;
-    labkit uses no 4-bit matmul, so the message would only mislead a learner."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "gemm_4bit_forward" not in record.getMessage()
-
-
 def bitsandbytes_module(optimizer: str = "adamw8bit"):
     """Import bitsandbytes, or raise `ConfigError` naming ``optimizer`` with the install hint.
 
@@ -45,9 +37,8 @@ def bitsandbytes_module(optimizer: str = "adamw8bit"):
         >>> bnb.__version__
         '0.50.2'
     """
-    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_SkipUnusedKernelWarning())
     try:
-        import bitsandbytes
+        bitsandbytes = import_bitsandbytes()
     except ImportError as exc:
         raise ConfigError("optimizer", optimizer, "'adamw' or 'sgd' without the bitsandbytes package, which is "
                           f"not installed ({exc})", INSTALL_HINT) from exc
