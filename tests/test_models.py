@@ -17,7 +17,7 @@ from labkit import data, models
 from labkit.errors import ChecksumError, ConfigError
 
 PARAM_COUNTS = {"small_cnn": 295_490, "resnet18": 11_181_642, "resnet50": 23_528_522,
-                "shufflenet_v2_x0_5": 352_042, "shufflenet_v2_x1_0": 1_263_854, "tiny_vit": 311_146}
+                "shufflenet_v2_x0_5": 352_042, "shufflenet_v2_x1_0": 1_263_854, "tiny_vit": 545_930}
 
 
 @pytest.fixture(autouse=True)

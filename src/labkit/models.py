@@ -138,10 +138,10 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, dim = x.shape
-        q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
-        out = nn.functional.scaled_dot_product_attention(q, k, v)
-        return self.proj(out.transpose(1, 2).reshape(batch, tokens, dim))
+        # No shape unpacking, so that torch.fx can trace it (static quantization in notebook 06 does).
+        qkv = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)  # [3, B, heads, tokens, d]
+        out = nn.functional.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        return self.proj(out.transpose(1, 2).flatten(2))
 
 
 class TransformerBlock(nn.Module):
@@ -167,7 +167,7 @@ class TokenMean(nn.Module):
 
 
 class TinyViT(nn.Module):
-    """A small vision transformer for 32x32 images, Linear-heavy: 4x4 patches (64 tokens), width 96, 4 blocks.
+    """A small vision transformer for 32x32 images, Linear-heavy: 4x4 patches (64 tokens), width 128, 4 blocks.
 
     Its children are its stages: ``stem`` (patch embedding and positions), ``block1``..``block4`` (pre-norm
     transformer blocks, each attention and an MLP of plain ``nn.Linear`` layers) and ``head`` (LayerNorm,
@@ -178,8 +178,8 @@ class TinyViT(nn.Module):
         torch.Size([2, 10])
     """
 
-    def __init__(self, num_classes: int, image_size: int = 32, patch: int = 4, dim: int = 96, depth: int = 4,
-                 heads: int = 3, mlp_ratio: int = 2):
+    def __init__(self, num_classes: int, image_size: int = 32, patch: int = 4, dim: int = 128, depth: int = 4,
+                 heads: int = 4, mlp_ratio: int = 2):
         super().__init__()
         self.stem = PatchEmbed(image_size, patch, dim)
         for i in range(depth):
