@@ -1,0 +1,212 @@
+"""labkit.techniques.quantization: affine quantization from scratch equals torch's, every method gives a
+smaller model that computes nearly what the float one does, and bad input gets a clear error."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from labkit import measure, models
+from labkit.errors import ConfigError, UnsupportedError
+from labkit.techniques import quantization as Q
+
+
+def seeded(name: str = "tiny_vit") -> nn.Module:
+    torch.manual_seed(0)
+    return models.build(name, num_classes=10, pretrained=False)[0].eval()
+
+
+def inputs(n: int = 8, seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def vit():
+    return seeded()
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_qparams_are_torchs_minmax_observers(symmetric):
+    from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObserver
+
+    w = torch.randn(16, 40) * torch.linspace(0.1, 3, 16)[:, None] + 0.3
+    qscheme = torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine
+    dtype = torch.qint8 if symmetric else torch.quint8
+    observer = MinMaxObserver(dtype=dtype, qscheme=qscheme)
+    observer(w)
+    scale, zero_point = Q.affine_qparams(w, symmetric=symmetric)
+    expected_scale, expected_zero = observer.calculate_qparams()
+    assert torch.allclose(scale, expected_scale) and int(zero_point) == int(expected_zero)
+    per = PerChannelMinMaxObserver(ch_axis=0, dtype=dtype, qscheme=torch.per_channel_symmetric if symmetric
+                                   else torch.per_channel_affine)
+    per(w)
+    scales, zeros = Q.affine_qparams(w, symmetric=symmetric, dim=0)
+    expected_scales, expected_zeros = per.calculate_qparams()
+    assert torch.allclose(scales, expected_scales) and torch.equal(zeros, expected_zeros.to(torch.int64))
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_quantize_affine_gives_the_integers_torch_stores(symmetric):
+    w = torch.randn(32, 24, generator=torch.Generator().manual_seed(3))
+    dtype = torch.qint8 if symmetric else torch.quint8
+    scale, zero_point = Q.affine_qparams(w, symmetric=symmetric)
+    mine = Q.quantize_affine(w, scale, zero_point, symmetric=symmetric)
+    torchs = torch.quantize_per_tensor(w, float(scale), int(zero_point), dtype).int_repr().to(torch.int64)
+    assert torch.equal(mine, torchs)
+    scales, zeros = Q.affine_qparams(w, symmetric=symmetric, dim=0)
+    mine = Q.quantize_affine(w, scales, zeros, symmetric=symmetric, dim=0)
+    torchs = torch.quantize_per_channel(w, scales, zeros, 0, dtype).int_repr().to(torch.int64)
+    assert torch.equal(mine, torchs)
+    restored = Q.dequantize_affine(mine, scales, zeros, dim=0)
+    assert (restored - w).abs().max() <= scales.max() / 2 + 1e-6  # rounding error: at most half a step
+
+
+def test_per_channel_error_is_smaller_when_channels_differ_in_range():
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 0, 64)[:, None]
+    errors = {}
+    for dim in (None, 0):
+        scale, zero = Q.affine_qparams(w, symmetric=True, dim=dim)
+        errors[dim] = (Q.dequantize_affine(Q.quantize_affine(w, scale, zero, symmetric=True, dim=dim), scale, zero, dim)
+                       - w).abs().mean()
+    assert errors[0] < errors[None] / 3
+
+
+def test_bits_out_of_range_is_refused():
+    with pytest.raises(ConfigError, match=r"bits=1 is not allowed: an integer from 2 to 16"):
+        Q.affine_qparams(torch.ones(3), bits=1)
+
+
+@pytest.mark.parametrize("method", [m for m in Q.METHODS if Q.supported(m, "cpu") is None])
+def test_every_cpu_method_gives_a_close_smaller_or_equal_model(vit, method):
+    x = inputs()
+    calibration = [inputs(16, seed=s) for s in range(3)] if Q.METHODS[method].calibration else None
+    quantized = Q.quantize(vit, method, calibration)
+    with torch.no_grad():
+        ref, out = vit(x), quantized(x)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    bits = Q.METHODS[method].weight_bits
+    tolerance = {32: 1e-6, 16: 0.02, 8: 0.15, 4: 0.5}[bits] * ref.abs().max()
+    assert (out - ref).abs().max() <= tolerance, method
+    size = measure.model_size_bytes(quantized) / measure.model_size_bytes(vit)
+    assert size <= {32: 1.0, 16: 0.52, 8: 0.36, 4: 0.25}[bits] + 1e-9, (method, size)
+    assert measure.model_size_bytes(vit) == measure.model_size_bytes(seeded())  # the original is left alone
+
+
+def test_int8_dynamic_leaves_convolutions_in_float():
+    cnn = seeded("small_cnn")
+    quantized = Q.quantize(cnn, "int8_dynamic")
+    assert isinstance(quantized.stem[0], nn.Conv2d) and quantized.stem[0].weight.dtype == torch.float32
+    assert measure.model_size_bytes(quantized) > 0.95 * measure.model_size_bytes(cnn)
+    static = Q.quantize(cnn, "int8_static", [inputs(16, seed=s) for s in range(2)])
+    assert measure.model_size_bytes(static) < 0.35 * measure.model_size_bytes(cnn)
+
+
+def test_keep_float_leaves_those_layers_alone(vit):
+    quantized = Q.quantize(vit, "int8_dynamic", keep_float=("head", "block1"))
+    assert type(quantized.head[2]) is nn.Linear and type(quantized.block1.attn.qkv) is nn.Linear
+    assert type(quantized.block2.attn.qkv) is not nn.Linear
+    static = Q.quantize(vit, "int8_static", [inputs(16)], keep_float=("stem", "head", "LayerNorm"))
+    assert isinstance(static.get_submodule("head.0"), nn.LayerNorm)
+    assert type(static.get_submodule("stem.proj")) is nn.Conv2d
+
+
+def test_casts_run_in_their_dtype_and_return_float32(vit):
+    half = Q.quantize(vit, "bf16")
+    assert next(half.parameters()).dtype == torch.bfloat16
+    assert half(inputs()).dtype == torch.float32
+
+
+def test_fp16_and_int8_dynamic_do_not_stack(vit):
+    both = Q.quantize(copy.deepcopy(vit).half(), "int8_dynamic")
+    with pytest.raises(RuntimeError, match="Half"):
+        both(inputs().half())
+
+
+def test_qat_trains_with_fake_quantization_then_converts(vit):
+    x, labels = inputs(16), torch.arange(16) % 10
+    prepared = Q.prepare_qat(vit, x[:2])
+    assert prepared.labkit_name == "tiny_vit" and prepared.training
+    assert any("fake_quant" in n or "activation_post_process" in n for n, _ in prepared.named_modules())
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=0.01)
+    before = nn.functional.cross_entropy(prepared(x), labels)
+    for _ in range(5):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(prepared(x), labels).backward()
+        optimizer.step()
+    assert nn.functional.cross_entropy(prepared(x), labels) < before
+    int8 = Q.convert_qat(prepared)
+    assert measure.model_size_bytes(int8) < 0.4 * measure.model_size_bytes(vit)
+    with torch.no_grad():
+        assert (int8(x) - prepared.eval()(x)).abs().max() < 0.2 * prepared(x).abs().max()
+    with pytest.raises(ConfigError, match=r"prepared='TinyViT' is not allowed: a model returned by prepare_qat"):
+        Q.convert_qat(vit)
+
+
+def test_unknown_method_names_the_methods(vit):
+    with pytest.raises(ConfigError, match=r"method='int3' is not allowed: one of \['fp32', 'fp16'.*'int8_dynamic'"):
+        Q.quantize(vit, "int3")
+
+
+def test_static_without_calibration_says_what_to_pass(vit):
+    with pytest.raises(ConfigError, match=r"calibration=None is not allowed: a few batches of training inputs for "
+                                          r"'int8_static'"):
+        Q.quantize(vit, "int8_static")
+    with pytest.raises(ConfigError, match=r"calibration=.* a non-empty iterable of input tensors"):
+        Q.quantize(vit, "int8_static", [])
+    with pytest.raises(ConfigError, match=r"calibration='list' is not allowed: None: 'int8_dynamic' uses no calibration"):
+        Q.quantize(vit, "int8_dynamic", [inputs()])
+
+
+def test_a_method_the_cpu_cannot_run_says_why_and_what_can(vit):
+    with pytest.raises(UnsupportedError, match=r"method='int4_weight_only' cannot run here: torchao's int4 weight-only "
+                                               r"kernels run on CUDA GPUs only.*What runs here: fp32, fp16"):
+        Q.quantize(vit, "int4_weight_only")
+    assert "int4_weight_only" not in Q.available("cpu") and "int8_dynamic" in Q.available("cpu")
+
+
+def test_missing_torchao_is_an_install_hint(vit, monkeypatch):
+    monkeypatch.setattr(Q, "_installed", lambda package: package != "torchao")
+    with pytest.raises(UnsupportedError, match=r"torchao is not installed; install the notebook's extra: "
+                                               r"pip install 'labkit-finetune\[quant\]'"):
+        Q.quantize(vit, "int8_weight_only")
+
+
+def test_bad_keep_float_names_what_exists(vit):
+    with pytest.raises(ConfigError, match=r"keep_float=\['blocks'\] is not allowed: module names of the model"):
+        Q.quantize(vit, "int8_dynamic", keep_float=("blocks",))
+    with pytest.raises(ConfigError, match=r"keep_float=\['head'\] is not allowed: empty for 'fp16'"):
+        Q.quantize(vit, "fp16", keep_float=("head",))
+
+
+def test_torchao_skipping_every_layer_is_an_error(vit, monkeypatch):
+    pytest.importorskip("torchao")
+    import torchao.quantization
+
+    monkeypatch.setattr(torchao.quantization, "quantize_", lambda model, config, filter_fn=None: None)
+    with pytest.raises(UnsupportedError, match="torchao quantized none of the Linear layers"):
+        Q.quantize(vit, "int8_weight_only")
+
+
+def test_static_quantized_models_run_without_deprecation_noise(vit):
+    static = Q.quantize(vit, "int8_static", [inputs(16)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        Q._silence_deprecations()
+        static(inputs())
+    assert not [w for w in caught if "deprecated" in str(w.message)]
+
+
+def test_fake_quantized_weights_take_only_two_to_the_bits_values(vit):
+    three = Q.fake_quantize_weights(vit, 3, keep_float=("head",))
+    qkv = three.block1.attn.qkv.weight
+    assert qkv.dtype == torch.float32 and qkv.unique().numel() <= 2**3
+    assert torch.equal(three.head[2].weight, vit.head[2].weight)  # kept in float
+    per_channel = Q.fake_quantize_weights(vit, 3, per_channel=True)
+    assert all(row.unique().numel() <= 2**3 for row in per_channel.block1.attn.qkv.weight)
+    assert (per_channel.block1.attn.qkv.weight - vit.block1.attn.qkv.weight).abs().mean() < (
+        qkv - vit.block1.attn.qkv.weight).abs().mean()
+    assert not torch.equal(vit.block1.attn.qkv.weight, qkv)  # a copy: the original is untouched
+    with pytest.raises(ConfigError, match=r"bits=1 is not allowed"):
+        Q.fake_quantize_weights(vit, 1)
