@@ -30,6 +30,8 @@ SOLUTIONS = {
     "05.head_state": 20_490 / 23_528_522,
     "05.cache_speedup": 20.0,              # 10 x 40 s / (15 s + 10 x 0.5 s)
     "05.own_backward": 0.7552,             # 2 x 0.4531 - 0.151
+    "06.own_size": 1 - 0.75 * 0.973,       # the Linear share shrinks to a quarter: 0.27025
+    "06.nf4_bytes": 7 * (0.5 + 4 / 64),    # 3.9375 GB
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
@@ -49,8 +51,10 @@ WRONG = {
     "05.head_state": (20_490 / 25_557_032, "the total minus the old head plus the new one"),  # kept the old head
     "05.cache_speedup": (80.0, "the one-off extraction plus every epoch on the cache"),  # forgot the extraction
     "05.own_backward": (0.9062, "subtract their forward FLOPs once"),  # 2 x trainable: input gradients everywhere
+    "06.own_size": (0.25, "the Linear share shrinks to a quarter, the rest stays"),  # as if everything were Linear
+    "06.nf4_bytes": (3.5, "every block of 64 also stores a 4-byte float32 scale"),  # the 4-bit weights alone
 }
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel"]
 
 
 def own(name):

@@ -545,3 +545,42 @@ register(Exercise(
     rel_tol=0.01,
     from_run=("level", "trainable_gflop", "first_gflop"),
 ))
+
+
+# --- Notebook 06: quantization ----------------------------------------------------------------------------
+
+register(Exercise(
+    name="06.own_size",
+    template=("In your run, {linear_share_pct}% of {model}'s parameters sit in Linear layers. int8 dynamic stores "
+              "each Linear weight in 1 byte instead of 4 and leaves every other parameter in float32. Ignoring "
+              "biases, scales and the file's headers, what fraction (0..1) of the fp32 file would you expect it "
+              "to keep? (Your run measured {measured_pct}%.)"),
+    numbers={"model": "tiny_vit", "linear_share_pct": 97.3, "measured_pct": 28.9},
+    solution="1 - 0.75 * linear_share_pct / 100",
+    hint="the Linear share shrinks to a quarter, the rest stays: (1 - share) + share / 4",
+    rel_tol=0.01,
+    diagnose=_percent_not_fraction,
+    from_run=("model", "linear_share_pct", "measured_pct"),
+))
+
+
+def _nf4_hint(value: float, expected: float) -> str | None:
+    """06.nf4_bytes with its fixed numbers (block 64): recognise the 4-bit bytes without the scales."""
+    if math.isclose(value, expected * 0.5 / (0.5 + 4 / 64), rel_tol=0.01):
+        return "that is the 4-bit weights alone; every block of 64 also stores a 4-byte float32 scale"
+    if math.isclose(value, expected * 4 / (0.5 + 4 / 64), rel_tol=0.01):
+        return "4 bits is half a byte, not 4 bytes"
+    return None
+
+
+register(Exercise(
+    name="06.nf4_bytes",
+    template=("QLoRA stores a {billions}-billion-parameter model in NF4: 4 bits per weight, in blocks of {block} "
+              "weights with one float32 scale (absmax) per block. How many GB (1e9 bytes) do the weights take? "
+              "(Without QLoRA's double quantization of the scales; bf16 would take {bf16_gb} GB.)"),
+    numbers={"billions": 7, "block": 64, "bf16_gb": 14},
+    solution="billions * (0.5 + 4 / block)",
+    hint="per weight: half a byte, plus 4 bytes of scale shared by a block: 0.5 + 4 / block bytes; times the weights",
+    rel_tol=0.01,
+    diagnose=_nf4_hint,
+))

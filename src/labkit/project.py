@@ -10,7 +10,7 @@ REPO_URL = f"https://github.com/{REPO}"
 
 
 # Extras a notebook needs beyond the base install (pyproject's optional-dependencies).
-NOTEBOOK_EXTRAS = {"03_memory_savers.ipynb": ("memory",)}
+NOTEBOOK_EXTRAS = {"03_memory_savers.ipynb": ("memory",), "06_quantization.ipynb": ("quant",)}
 
 
 def install_spec(notebook: str | None = None) -> str:

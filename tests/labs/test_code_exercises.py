@@ -12,7 +12,7 @@ from labkit import exercises
 from labkit.exercises import WrongAnswer, check
 from labkit.labs import code_exercises
 
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel"]
 
 
 @pytest.mark.parametrize("name", CODE)
@@ -191,3 +191,25 @@ def test_a_parameter_in_two_groups_is_caught():
         check("05.param_groups", twice)
     with pytest.raises(WrongAnswer, match="return a list of dicts, each with 'params'"):
         check("05.param_groups", lambda model, lr, decay: model.parameters())
+
+
+def _per_channel(divisor=127.5, per_tensor=False, reshape=True):
+    def per_channel_int8(weight):
+        w = weight.detach().float()
+        amax = w.abs().amax() if per_tensor else w.reshape(w.shape[0], -1).abs().amax(dim=1)
+        scale = amax / divisor
+        shaped = scale.reshape((-1,) + (1,) * (w.dim() - 1)) if reshape and not per_tensor else scale
+        return torch.clamp(torch.round(w / shaped), -128, 127).to(torch.int8), scale.reshape(-1)
+
+    return per_channel_int8
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (_per_channel(divisor=127), r"your scale is max\|w\| / 127; torch's symmetric observers use max\|w\| / 127.5"),
+    (_per_channel(per_tensor=True), "one scale for the whole tensor is per-tensor quantization"),
+    (lambda w: (w, ), r"return a pair \(q, scale\)"),
+    (lambda w: (w[:1], torch.ones(w.shape[0])), "q must have the weight's shape"),
+])
+def test_per_channel_mistakes_are_named(mistake, hint):
+    with pytest.raises(WrongAnswer, match=hint):
+        check("06.per_channel", mistake)

@@ -1,0 +1,155 @@
+"""labkit.labs.quantization: notebook 06's experiments measure what they say, on tiny seeded fine-tunes."""
+
+import math
+
+import pytest
+import torch
+
+import labkit
+from labkit import measure
+from labkit.errors import ConfigError
+from labkit.labs import quantization as lab
+from labkit.techniques import quantization
+
+
+def flat(text) -> str:
+    """A finding's text without its line wrapping."""
+    return " ".join(str(text).split())
+
+
+@pytest.fixture(scope="module")
+def cfgs():
+    cnn = labkit.RunConfig(model="small_cnn", dataset="shapes10", batch_size=32, max_steps=6, train_size=128, device="cpu")
+    return {"tiny_vit": cnn.replace(model="tiny_vit"), "small_cnn": cnn}
+
+
+@pytest.fixture(scope="module")
+def table(cfgs):
+    methods = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_dynamic_torchao", "int8_static", "int4_weight_only", "nf4_bnb",
+               lab.QAT)
+    return lab.compare(cfgs, methods=methods, num_calibration=2, progress=False)
+
+
+def test_workloads_are_the_vit_and_the_profiles_cnn():
+    cfgs = lab.workloads(labkit.profile("ci"))
+    assert list(cfgs) == ["tiny_vit", "small_cnn"]
+    assert cfgs["tiny_vit"].image_size is None and cfgs["tiny_vit"].max_steps == labkit.profile("ci").max_steps
+    full = lab.workloads(labkit.profile("full"))  # offline here: the small workload, and a note says so
+    assert full["tiny_vit"].dataset == full[list(full)[1]].dataset and full["tiny_vit"].image_size is None
+
+
+def test_calibration_batches_are_training_inputs_as_the_model_sees_them(cfgs):
+    batches = lab.calibration_batches(cfgs["tiny_vit"], 3)
+    assert len(batches) == 3 and all(b.shape == (32, 3, 32, 32) and b.device.type == "cpu" for b in batches)
+    assert abs(float(torch.cat(batches).mean())) < 0.5  # normalised, not raw uint8
+    assert not torch.equal(batches[0], batches[1])
+    with pytest.raises(ConfigError, match=r"num_batches=0 is not allowed: a positive integer"):
+        lab.calibration_batches(cfgs["tiny_vit"], 0)
+
+
+def test_scheme_errors_per_channel_wins_when_rows_differ():
+    weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 0, 64)[:, None]
+    frame = lab.scheme_errors(weight).set_index(["scheme", "granularity"])
+    assert len(frame) == 4
+    assert frame.loc[("symmetric", "per channel"), "relative_error"] < frame.loc[("symmetric", "per tensor"), "relative_error"]
+    assert (frame.max_abs_error >= frame.mean_abs_error).all()
+
+
+def test_compare_measures_every_method_or_says_why_not(table):
+    assert len(table) == 2 * 9 and set(table.model) == {"tiny_vit", "small_cnn"}
+    rows = table.set_index(["model", "method"])
+    assert not rows.loc[("tiny_vit", "int4_weight_only"), "ran"]
+    assert "CUDA" in rows.loc[("tiny_vit", "int4_weight_only"), "reason"]
+    ran = table[table.ran]
+    assert ran.cpu_latency_s.gt(0).all() and ran.test_accuracy.between(0, 1).all()
+    assert (ran.threads == torch.get_num_threads()).all() and table.gpu_latency_s.isna().all()  # no GPU here
+    assert rows.loc[("tiny_vit", "fp32"), "cpu_speedup"] == 1 and rows.loc[("tiny_vit", "fp32"), "size_vs_fp32"] == 1
+    assert rows.loc[("tiny_vit", "int8_dynamic"), "size_vs_fp32"] <= 0.30  # issue's target, Linear-heavy model
+    assert rows.loc[("small_cnn", "int8_dynamic"), "size_vs_fp32"] > 0.95  # its convolutions stay float
+    assert rows.loc[("small_cnn", "int8_static"), "size_vs_fp32"] < 0.35
+    assert rows.loc[("tiny_vit", "nf4_bnb"), "size_vs_fp32"] < rows.loc[("tiny_vit", "int8_dynamic"), "size_vs_fp32"]
+    assert rows.loc[("tiny_vit", lab.QAT), "size_vs_fp32"] < 0.4
+    fp32 = rows.loc[("tiny_vit", "fp32")]
+    assert rows.loc[("tiny_vit", "bf16"), "accuracy_drop"] == pytest.approx(fp32.test_accuracy
+                                                                             - rows.loc[("tiny_vit", "bf16"), "test_accuracy"])
+    assert rows.loc[("tiny_vit", "fp32"), "linear_share"] > 0.9 > 0.05 > rows.loc[("small_cnn", "fp32"), "linear_share"]
+
+
+def test_the_findings_quote_the_table(table):
+    rows = table.set_index(["model", "method"])
+    text = flat(lab.compare_finding(table))
+    assert "not run here: int4_weight_only" in text and f"({int(rows.threads.iloc[0])} threads)" in text
+    api = flat(lab.api_finding(table))
+    old, new = rows.loc[("tiny_vit", "int8_dynamic")], rows.loc[("tiny_vit", "int8_dynamic_torchao")]
+    assert f"{old.cpu_latency_s * 1e3:.1f} ms with torch.ao's quantize_dynamic" in api
+    assert ("torch.ao's quantize_dynamic was" if old.cpu_latency_s < new.cpu_latency_s else "torchao's quantize_ was") in api
+    size = flat(lab.size_finding(table))
+    assert f"small_cnn's to {rows.loc[('small_cnn', 'int8_dynamic'), 'size_vs_fp32']:.0%}" in size
+    assert "Static int8, which quantizes convolutions too" in size
+    fp16 = flat(lab.fp16_finding(table))
+    assert f"in fp16 ran at {rows.loc[('tiny_vit', 'fp16'), 'cpu_speedup']:.2f}x fp32's speed" in fp16
+
+
+def test_the_view_and_charts_show_what_was_measured(table):
+    view = lab.table_view(table)
+    assert "GPU (ms)" not in view and len(view) == len(table)  # no GPU here: no empty GPU columns
+    assert lab.chart_metrics(table) == ["size_vs_fp32", "cpu_speedup", "test_accuracy"]
+    row = view[(view.model == "tiny_vit") & (view.method == "int4_weight_only")].iloc[0]
+    assert row["not run because"].startswith("torchao's int4") and ";" not in row["not run because"]
+    assert view[view.method == "fp32"]["file vs fp32"].eq("100%").all()
+    with_gpu = table.assign(gpu_latency_s=0.01, gpu_speedup=1.0)
+    assert "GPU (ms)" in lab.table_view(with_gpu) and lab.chart_metrics(with_gpu)[-1] == "gpu_speedup"
+
+
+def test_compare_refuses_unknown_methods(cfgs):
+    with pytest.raises(ConfigError, match=r"methods=\['int2'\] is not allowed: names from \['fp32'"):
+        lab.compare(cfgs, methods=("fp32", "int2"))
+
+
+def test_stacking_fp16_then_int8_dynamic_fails_in_the_forward(cfgs):
+    stack = lab.stacking(cfgs["tiny_vit"])
+    assert stack.fp16_bytes < 0.55 * stack.fp32_bytes and stack.int8_bytes < 0.35 * stack.fp32_bytes
+    assert "Half" in stack.fp16_input_error
+    assert "failed" in flat(stack)
+
+
+def test_sensitivity_compares_the_float_choices_on_validation(cfgs):
+    frame = lab.sensitivity(cfgs["tiny_vit"], num_calibration=2, bits=(3,))
+    assert list(frame.study.unique()) == ["fp32", "int8 static", "3-bit weights (simulated)"]
+    int8 = frame[frame.study == "int8 static"]
+    assert list(int8.choice) == list(lab.KEEP_FLOAT_CHOICES) and int8.keep_float.iloc[-1] == "stem, head, LayerNorm"
+    assert frame.accuracy_drop.iloc[0] == 0
+    assert int8.model_size_bytes.iloc[0] < int8.model_size_bytes.iloc[-1] < frame.model_size_bytes.iloc[0]
+    simulated = frame[frame.study == "3-bit weights (simulated)"]
+    assert list(simulated.choice) == list(lab.SIMULATED_CHOICES) and simulated.model_size_bytes.isna().all()
+    text = flat(lab.sensitivity_finding(frame, cfgs["tiny_vit"]))
+    assert "Validation accuracy of fp32" in text and "3-bit weights (simulated): all rounded" in text
+    cnn = lab.sensitivity(cfgs["small_cnn"], num_calibration=2, bits=())
+    assert "LayerNorm float" not in set(cnn.choice)  # a CNN has no LayerNorm: that choice is not repeated
+
+
+def test_qat_vs_ptq_runs_three_recipes_from_the_same_model(cfgs):
+    frame = lab.qat_vs_ptq(cfgs["small_cnn"], steps=6)
+    assert list(frame.extra_steps) == [0, 6, 6] and frame.recipe.iloc[2].startswith("+6 QAT steps")
+    assert math.isnan(frame.step_time_s.iloc[0]) and (frame.step_time_s.iloc[1:] > 0).all()
+    assert frame.test_accuracy.between(0, 1).all() and (frame.quantize_s > 0).all()
+    assert "QAT against PTQ at once" in flat(lab.qat_finding(frame))
+    with pytest.raises(ConfigError, match=r"steps=2 is not allowed: an integer >= "):
+        lab.qat_vs_ptq(cfgs["small_cnn"], steps=2)
+
+
+def test_the_panel_runs_one_method_on_the_chosen_model(cfgs, monkeypatch):
+    monkeypatch.setattr(lab, "workloads", lambda prof=None: cfgs)
+    run = lab.panel_run(cfgs["tiny_vit"], model="tiny_vit", method="int8_dynamic")
+    row = run.to_row()
+    assert row["size_vs_fp32"] < 0.35 and row["cpu_speedup"] > 0 and row["model"] == "tiny_vit"
+    assert row["model_size_bytes"] == measure.model_size_bytes(quantization.quantize(lab.fine_tuned(cfgs["tiny_vit"])[0],
+                                                                                      "int8_dynamic"))
+    assert "tiny_vit int8_dynamic: file" in str(run)
+    with pytest.raises(ConfigError, match=r"method='int4_weight_only' is not allowed: a method that runs on this "
+                                          r"machine's CPU: torchao's int4"):
+        lab.panel_run(cfgs["tiny_vit"], model="tiny_vit", method="int4_weight_only")
+    with pytest.raises(ConfigError, match=r"model='vit' is not allowed: one of \['tiny_vit', 'small_cnn'\]"):
+        lab.panel_run(cfgs["tiny_vit"], model="vit")
+    with pytest.raises(ConfigError, match=r"calibration=0 is not allowed: a positive integer"):
+        lab.panel_run(cfgs["tiny_vit"], method="int8_static", calibration=0)
