@@ -232,3 +232,18 @@ def test_an_error_inside_the_output_area_still_reaches_the_status(monkeypatch):
     assert isinstance(panel.last_error, ConfigError) and panel.last_result is None
     assert "ConfigError" in panel.status.value and "batch_size=999" in html.unescape(panel.status.value)
     assert not panel.running and not panel.button.disabled
+
+
+def test_a_chart_is_rendered_with_ink_or_the_panel_says_it_came_out_blank():
+    import matplotlib.pyplot as plt
+
+    from labkit.widgets import _render_png
+
+    fig, ax = plt.subplots()
+    ax.bar([0, 1], [1, 2])
+    assert _render_png(fig).startswith(b"\x89PNG")
+    blank, ax = plt.subplots()
+    ax.set_axis_off()  # an axes that draws nothing: a blank chart
+    with pytest.raises(RuntimeError, match=r"a chart came out blank: 1 axes, .* 0 bars and lines"):
+        _render_png(blank)
+    plt.close("all")

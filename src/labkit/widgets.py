@@ -305,7 +305,24 @@ def _display_new_figures(before: set) -> None:
     for number in plt.get_fignums():
         if number not in before:
             figure = plt.figure(number)
-            buffer = io.BytesIO()
-            FigureCanvasAgg(figure).print_png(buffer)
+            png = _render_png(figure)
             plt.close(figure)
-            display(Image(data=buffer.getvalue(), format="png"))
+            display(Image(data=png, format="png"))
+
+
+def _render_png(figure, attempts: int = 2) -> bytes:
+    """``figure`` drawn on a fresh Agg canvas, as PNG bytes. A figure with axes that comes out without a single
+    dark pixel (seen once in a while in JupyterLab, cause unknown) is drawn again; if it stays blank, the
+    error says what the figure held, so that the panel shows it instead of an empty chart."""
+    import numpy as np
+
+    for _ in range(attempts):
+        canvas = FigureCanvasAgg(figure)
+        canvas.draw()
+        inked = bool((np.asarray(canvas.buffer_rgba())[..., :3] < 200).any())
+        if inked or not figure.axes:
+            buffer = io.BytesIO()
+            canvas.print_png(buffer)
+            return buffer.getvalue()
+    raise RuntimeError(f"a chart came out blank: {len(figure.axes)} axes, size {figure.get_size_inches()} in, "
+                       f"dpi {figure.dpi}, {sum(len(ax.patches) + len(ax.lines) for ax in figure.axes)} bars and lines")

@@ -92,13 +92,13 @@ def test_the_findings_quote_the_table(table):
 
 def test_the_view_and_charts_show_what_was_measured(table):
     view = lab.table_view(table)
-    assert "GPU (ms)" not in view and len(view) == len(table)  # no GPU here: no empty GPU columns
+    assert not any(c.startswith("GPU") for c in view) and "CPU (ms, batch 64)" in view and len(view) == len(table)  # no GPU here: no empty GPU columns
     assert lab.chart_metrics(table) == ["size_vs_fp32", "cpu_speedup", "test_accuracy"]
     row = view[(view.model == "tiny_vit") & (view.method == "int4_weight_only")].iloc[0]
     assert row["not run because"].startswith("torchao's int4") and ";" not in row["not run because"]
     assert view[view.method == "fp32"]["file vs fp32"].eq("100%").all()
     with_gpu = table.assign(gpu_latency_s=0.01, gpu_speedup=1.0)
-    assert "GPU (ms)" in lab.table_view(with_gpu) and lab.chart_metrics(with_gpu)[-1] == "gpu_speedup"
+    assert "GPU (ms, batch 64)" in lab.table_view(with_gpu) and lab.chart_metrics(with_gpu)[-1] == "gpu_speedup"
 
 
 def test_compare_refuses_unknown_methods(cfgs):

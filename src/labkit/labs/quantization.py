@@ -19,6 +19,7 @@ The mechanisms are in `labkit.techniques.quantization`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,7 +32,7 @@ from .. import config, data, measure, results, train
 from ..config import RunConfig
 from ..env import Profile, cpu_fp16_native, cuda_usable, profile
 from ..errors import ConfigError, UnsupportedError
-from ..inference import LATENCY_BATCH, accuracy, example_batch, latencies, model_device
+from ..inference import LATENCY_BATCH, LATENCY_ROUNDS, accuracy, example_batch, latencies, model_device
 from ..messages import worded, wrap
 from ..techniques import quantization
 from ..techniques.quantization import METHODS
@@ -51,7 +52,8 @@ KEEP_FLOAT_CHOICES = {  # what stays in float: nothing; LayerNorm; the first and
     "first+last float": ("stem", "head"),
     "first+last+LN float": ("stem", "head", "LayerNorm"),
 }
-QAT_LR_FACTOR = 0.1  # the quantized fine-tune continues from a trained model at a tenth of its learning rate
+QAT_LR_FACTOR = 0.1
+CPU_BATCH_BESIDE_GPU = 8  # CPU latency batch when the models live on a GPU (the profile's large workload)  # the quantized fine-tune continues from a trained model at a tenth of its learning rate
 
 
 def workloads(prof: Profile | None = None) -> dict[str, RunConfig]:
@@ -278,7 +280,8 @@ def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
     """Every method on every model: one row per (model, method).
 
     Columns: ``model``, ``method``, ``api``, ``ran`` (False: ``reason`` says why), ``model_size_bytes``,
-    ``size_vs_fp32``, ``cpu_latency_s`` (batch 64, timed in turns with the model's other methods),
+    ``size_vs_fp32``, ``cpu_latency_s`` (batch ``cpu_batch``: 64, or `CPU_BATCH_BESIDE_GPU` when the models live
+    on a GPU; timed in turns with the model's other methods),
     ``cpu_speedup``, ``threads``, ``gpu_latency_s`` and ``gpu_speedup`` (NaN without a GPU or where the
     method has no GPU kernel), ``test_accuracy`` (on the same first test images for every row, on the GPU
     where the method runs there), ``accuracy_drop`` (points below fp32), ``quantize_s``, ``linear_share``.
@@ -300,9 +303,15 @@ def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
         gpu = {}
         if model_device(model).type == "cuda":
             gpu = {m: _build(model, m, cfg, calibration) for m in methods if m != QAT}
-        x_cpu = example_batch(cfg, LATENCY_BATCH, device=torch.device("cpu"))
+        # On a GPU machine the CPU is a cloud VM's few cores and the model is the profile's large one: time the
+        # CPU copies on a smaller batch and fewer calls (the table records the batch).
+        cpu_batch, cpu_prof = LATENCY_BATCH, None
+        if gpu:
+            cpu_batch = CPU_BATCH_BESIDE_GPU
+            cpu_prof = dataclasses.replace(profile(), repeats=2 * LATENCY_ROUNDS, warmup_steps=1)
+        x_cpu = example_batch(cfg, cpu_batch, device=torch.device("cpu"))
         ran = [m for m in methods if cpu[m].model is not None]
-        cpu_times = dict(zip(ran, latencies([cpu[m].model for m in ran], x_cpu), strict=True))
+        cpu_times = dict(zip(ran, latencies([cpu[m].model for m in ran], x_cpu, cpu_prof), strict=True))
         gpu_ran = [m for m in gpu if gpu[m].model is not None]
         gpu_times = {}
         if gpu_ran:
@@ -312,7 +321,7 @@ def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
             built = gpu.get(m) if gpu.get(m) and gpu[m].model is not None else cpu[m]
             row = {"model": name, "method": m, "api": METHODS[m].api if m in METHODS else "torch.ao FX (deprecated)",
                    "ran": built.model is not None, "reason": cpu[m].reason if cpu[m].model is None else None,
-                   "threads": torch.get_num_threads(), "cpu_latency_s": cpu_times.get(m, math.nan),
+                   "threads": torch.get_num_threads(), "cpu_batch": cpu_batch, "cpu_latency_s": cpu_times.get(m, math.nan),
                    "gpu_latency_s": gpu_times.get(m, math.nan), "quantize_s": built.seconds,
                    "linear_share": _linear_share(cpu_model)}
             if built.model is not None:
@@ -344,10 +353,11 @@ def table_view(table: pd.DataFrame) -> pd.DataFrame:
     view = pd.DataFrame({
         "model": table.model, "method": table.method,
         "file (MiB)": (table.model_size_bytes / 2**20).round(2), "file vs fp32": table.size_vs_fp32.map(_percent),
-        "CPU (ms)": (table.cpu_latency_s * 1e3).round(1), "CPU speed-up": table.cpu_speedup.round(2),
+        f"CPU (ms, batch {int(table.cpu_batch.max())})": (table.cpu_latency_s * 1e3).round(1),
+        "CPU speed-up": table.cpu_speedup.round(2),
         "threads": table.threads})
     if table.gpu_latency_s.notna().any():
-        view["GPU (ms)"] = (table.gpu_latency_s * 1e3).round(2)
+        view[f"GPU (ms, batch {LATENCY_BATCH})"] = (table.gpu_latency_s * 1e3).round(2)
         view["GPU speed-up"] = table.gpu_speedup.round(2)
     view["accuracy (%)"] = (table.test_accuracy * 100).round(1)
     view["points lost"] = (table.accuracy_drop * 100).round(1)
@@ -396,7 +406,7 @@ def api_finding(table: pd.DataFrame, model: str = VIT) -> str:
         return f"Only one of the two APIs ran here ({'torch.ao' if old.ran else 'torchao'}): {new.reason or old.reason}."
     faster = "torch.ao's quantize_dynamic" if old.cpu_latency_s < new.cpu_latency_s else "torchao's quantize_"
     ratio = max(old.cpu_latency_s, new.cpu_latency_s) / min(old.cpu_latency_s, new.cpu_latency_s)
-    text = (f"On this CPU ({int(old.threads)} threads, batch {LATENCY_BATCH}), {model} int8 dynamic took "
+    text = (f"On this CPU ({int(old.threads)} threads, batch {int(old.cpu_batch)}), {model} int8 dynamic took "
             f"{old.cpu_latency_s * 1e3:.1f} ms with torch.ao's quantize_dynamic and {new.cpu_latency_s * 1e3:.1f} ms with "
             f"torchao's quantize_ (fp32: {_row(table, model, 'fp32').cpu_latency_s * 1e3:.1f} ms): {faster} was "
             f"{ratio:.2f}x faster. Files: {mib(old.model_size_bytes)} and {mib(new.model_size_bytes)}.")
