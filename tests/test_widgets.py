@@ -247,3 +247,33 @@ def test_a_chart_is_rendered_with_ink_or_the_panel_says_it_came_out_blank():
     with pytest.raises(RuntimeError, match=r"a chart came out blank: 1 axes, .* 0 bars and lines"):
         _render_png(blank)
     plt.close("all")
+
+
+def test_a_panel_shows_the_chart_its_run_drew_even_if_pyplot_lost_it(monkeypatch):
+    """The figures come from labkit's own record of the charts it made, not from pyplot's registry: a chart
+    closed behind the panel's back (what JupyterLab's blank panel charts pointed to) is still shown whole."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from labkit import plots, widgets as labkit_widgets
+
+    shown = []
+    monkeypatch.setattr(labkit_widgets, "display", lambda obj: shown.append(obj))
+
+    def show(result):
+        plots.bar(pd.DataFrame({"setup": ["a", "b"], "step_time_s": [0.1, 0.2]}), x="setup", y="step_time_s")
+        plt.close("all")  # someone else closes every figure before the panel displays them
+        plt.figure()  # and an empty one is left open: nothing to show
+
+    panel = ExperimentPanel(lambda cfg: {"ok": True}, {"batch_size": (16, 256, 16)}, base=RunConfig(max_steps=4),
+                            show=show)
+    panel.click()
+    assert panel.last_error is None and len(shown) == 1
+    assert shown[0].data.startswith(b"\x89PNG") and not plt.get_fignums()
+    import io
+
+    import numpy as np
+    from PIL import Image as PILImage
+
+    pixels = np.asarray(PILImage.open(io.BytesIO(shown[0].data)).convert("L"))
+    assert (pixels < 200).mean() > 0.01  # the bars, not a blank canvas

@@ -11,6 +11,7 @@ import difflib
 import math
 import numbers
 import textwrap
+import weakref
 from typing import NamedTuple
 
 import matplotlib.pyplot as plt
@@ -472,6 +473,26 @@ def checkpoint_tradeoff(frame: pd.DataFrame):
 # ---------------------------------------------------------------------------------------------------------
 
 
+# Every figure labkit's charts create, in order (weakly held): a panel displays the ones its run made from this
+# list, not from pyplot's registry of open figures, which others may close or renumber meanwhile.
+_CREATED: list = []
+
+
+def _register(fig):
+    _CREATED.append(weakref.ref(fig))
+    return fig
+
+
+def figure_mark() -> int:
+    """A mark to pass to `figures_since` later."""
+    return len(_CREATED)
+
+
+def figures_since(mark: int) -> list:
+    """The figures labkit's charts created after `figure_mark` returned ``mark`` that still exist, in order."""
+    return [fig for ref in _CREATED[mark:] if (fig := ref()) is not None]
+
+
 def grid(count: int, per_row: int = 2):
     """A figure of ``count`` charts, ``per_row`` to a row, no wider than `FIGURE_WIDTH_IN`.
 
@@ -482,6 +503,7 @@ def grid(count: int, per_row: int = 2):
     rows = math.ceil(count / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(min(5.5 * columns, FIGURE_WIDTH_IN), PANEL_HEIGHT_IN * rows),
                              squeeze=False)
+    _register(fig)
     flat = list(axes.flat)
     for ax in flat[count:]:
         fig.delaxes(ax)
@@ -533,6 +555,7 @@ def _wrapped_title(ax, text: str) -> str:
 def _axes(ax):
     if ax is None:
         fig, ax = plt.subplots(figsize=(7, PANEL_HEIGHT_IN))
+        _register(fig)
         fig._labkit_made = True  # its layout is ours to set (a caller's figure keeps its own)
     return ax
 

@@ -16,11 +16,13 @@ import traceback
 
 import ipywidgets as widgets
 from IPython.display import Image, display
+from matplotlib._pylab_helpers import Gcf
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from .config import RunConfig, check_keys
 from .errors import ConfigError, LabkitError
 from .estimates import estimate_run
+from .plots import figure_mark, figures_since
 from .validate import is_number
 
 _WIDE = {"description_width": "initial"}
@@ -201,7 +203,7 @@ class ExperimentPanel:
         self.progress.value = 0
         self.output.clear_output()
         start = time.perf_counter()
-        figures_before = _open_figures()
+        figures_before, mark = _open_figures(), figure_mark()
         try:
             cfg = self.config()
             chosen = {name: w.value for name, w in self.options.items()}
@@ -221,7 +223,7 @@ class ExperimentPanel:
                 try:
                     result = self.run(cfg, **kwargs)
                     self.show(result)
-                    _display_new_figures(figures_before)
+                    _display_new_figures(figures_before, mark)
                 except BaseException as error:  # noqa: BLE001 - re-raised below
                     failure = error
             if failure is not None:
@@ -288,26 +290,31 @@ def _open_figures() -> set:
     return set() if plt is None else set(plt.get_fignums())
 
 
-def _display_new_figures(before: set) -> None:
-    """Display and close the matplotlib figures a run opened: a widget callback has no end-of-cell flush.
+def _display_new_figures(before: set, mark: int) -> None:
+    """Display and close the figures a run made: a widget callback has no end-of-cell flush.
 
-    Each is rendered on a fresh Agg canvas, at its own layout (labkit's views lay their figures out with
-    ``tight_layout``), and shown as a PNG. Displaying the figure itself, through IPython's formatter, came out
-    blank in JupyterLab for panels with two rows of charts (notebooks 02 and 05; not reproduced by a kernel
-    driven without a browser): by then the figure's canvas was a bare ``FigureCanvasBase`` in one case, and
-    the inline backend's ``bbox_inches="tight"`` cropping drew no more than a tick label in the other. Why
-    is not understood yet; the same figure drawn on its own Agg canvas is whole, and the browser test checks
-    that every panel chart has ink.
+    They are the figures labkit's charts created since ``mark`` (`labkit.plots.figures_since`), then any other
+    pyplot figure opened since ``before`` (a ``show`` of the caller's own); figures without axes (nothing
+    drawn) are left out. Each is rendered on a fresh Agg canvas at its own layout and shown as a PNG.
+
+    Why not pyplot's registry alone: in JupyterLab a panel's chart came out now and then as a blank image of
+    matplotlib's default size (notebooks 02 and 05, later 02 and 06, under CI's parallel browser runs; never
+    reproduced alone). That is what ``plt.figure(number)`` makes when the number is no longer registered, so
+    the run's figure had apparently left pyplot's registry before it was displayed; who removed it is not
+    known. Displaying the figure through IPython's formatter had also come out blank earlier. The figure
+    objects themselves are whole, so they are kept from their creation here.
     """
     plt = sys.modules.get("matplotlib.pyplot")
-    if plt is None:
-        return
-    for number in plt.get_fignums():
-        if number not in before:
-            figure = plt.figure(number)
-            png = _render_png(figure)
+    figures = figures_since(mark)
+    if plt is not None:
+        for manager in Gcf.get_all_fig_managers():
+            if manager.num not in before and manager.canvas.figure not in figures:
+                figures.append(manager.canvas.figure)
+    for figure in figures:
+        if figure.axes:
+            display(Image(data=_render_png(figure), format="png"))
+        if plt is not None:
             plt.close(figure)
-            display(Image(data=png, format="png"))
 
 
 def _render_png(figure, attempts: int = 2) -> bytes:
