@@ -255,7 +255,8 @@ def test_a_panel_shows_the_chart_its_run_drew_even_if_pyplot_lost_it(monkeypatch
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from labkit import plots, widgets as labkit_widgets
+    from labkit import plots
+    from labkit import widgets as labkit_widgets
 
     shown = []
     monkeypatch.setattr(labkit_widgets, "display", lambda obj: shown.append(obj))
