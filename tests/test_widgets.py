@@ -261,15 +261,18 @@ def test_a_panel_shows_the_chart_its_run_drew_even_if_pyplot_lost_it(monkeypatch
     shown = []
     monkeypatch.setattr(labkit_widgets, "display", lambda obj: shown.append(obj))
 
+    registered = []
+
     def show(result):
         plots.bar(pd.DataFrame({"setup": ["a", "b"], "step_time_s": [0.1, 0.2]}), x="setup", y="step_time_s")
+        registered.append(len(plt.get_fignums()))  # made outside pyplot: the inline backend cannot reach it
         plt.close("all")  # someone else closes every figure before the panel displays them
         plt.figure()  # and an empty one is left open: nothing to show
 
     panel = ExperimentPanel(lambda cfg: {"ok": True}, {"batch_size": (16, 256, 16)}, base=RunConfig(max_steps=4),
                             show=show)
     panel.click()
-    assert panel.last_error is None and len(shown) == 1
+    assert panel.last_error is None and len(shown) == 1 and registered == [0]
     assert shown[0].data.startswith(b"\x89PNG") and not plt.get_fignums()
     import io
 

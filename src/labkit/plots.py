@@ -17,6 +17,8 @@ from typing import NamedTuple
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .config import field_names
@@ -474,13 +476,35 @@ def checkpoint_tradeoff(frame: pd.DataFrame):
 
 
 # Every figure labkit's charts create, in order (weakly held): a panel displays the ones its run made from this
-# list, not from pyplot's registry of open figures, which others may close or renumber meanwhile.
+# list, not from pyplot's registry of open figures.
 _CREATED: list = []
+# While a panel runs, charts are made outside pyplot (a bare Figure on its own Agg canvas): Jupyter's inline
+# backend shows and closes every figure in pyplot's registry when a cell finishes, and a panel's figures,
+# drawn in a widget callback, must not be caught by that (it came out blank or half drawn in JupyterLab).
+_DETACHED = [False]
 
 
-def _register(fig):
+def _new_figure(figsize, rows: int = 1, columns: int = 1, squeeze: bool = True):
+    if _DETACHED[0]:
+        fig = Figure(figsize=figsize)
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(rows, columns, squeeze=squeeze)
+    else:
+        fig, axes = plt.subplots(rows, columns, figsize=figsize, squeeze=squeeze)
     _CREATED.append(weakref.ref(fig))
-    return fig
+    return fig, axes
+
+
+class detached_figures:
+    """Within the block, labkit's charts make figures outside pyplot's registry (see `figures_since`)."""
+
+    def __enter__(self):
+        self.previous, _DETACHED[0] = _DETACHED[0], True
+        return self
+
+    def __exit__(self, *exc):
+        _DETACHED[0] = self.previous
+        return False
 
 
 def figure_mark() -> int:
@@ -501,9 +525,8 @@ def grid(count: int, per_row: int = 2):
     """
     columns = max(1, min(per_row, count))
     rows = math.ceil(count / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(min(5.5 * columns, FIGURE_WIDTH_IN), PANEL_HEIGHT_IN * rows),
-                             squeeze=False)
-    _register(fig)
+    fig, axes = _new_figure((min(5.5 * columns, FIGURE_WIDTH_IN), PANEL_HEIGHT_IN * rows), rows, columns,
+                            squeeze=False)
     flat = list(axes.flat)
     for ax in flat[count:]:
         fig.delaxes(ax)
@@ -554,8 +577,7 @@ def _wrapped_title(ax, text: str) -> str:
 
 def _axes(ax):
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7, PANEL_HEIGHT_IN))
-        _register(fig)
+        fig, ax = _new_figure((7, PANEL_HEIGHT_IN))
         fig._labkit_made = True  # its layout is ours to set (a caller's figure keeps its own)
     return ax
 

@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from .config import RunConfig, check_keys
 from .errors import ConfigError, LabkitError
 from .estimates import estimate_run
-from .plots import figure_mark, figures_since
+from .plots import detached_figures, figure_mark, figures_since
 from .validate import is_number
 
 _WIDE = {"description_width": "initial"}
@@ -219,7 +219,7 @@ class ExperimentPanel:
             # In a kernel, the output area's __exit__ shows an exception and swallows it: keep it and
             # raise it again after the block, so that the panel reports it (and Ctrl-C still stops).
             failure = None
-            with self.output:
+            with self.output, detached_figures():
                 try:
                     result = self.run(cfg, **kwargs)
                     self.show(result)
@@ -302,7 +302,10 @@ def _display_new_figures(before: set, mark: int) -> None:
     reproduced alone). That is what ``plt.figure(number)`` makes when the number is no longer registered, so
     the run's figure had apparently left pyplot's registry before it was displayed; who removed it is not
     known. Displaying the figure through IPython's formatter had also come out blank earlier. The figure
-    objects themselves are whole, so they are kept from their creation here.
+    objects themselves are whole, so they are kept from their creation here; and while a panel runs they are
+    made outside pyplot altogether (`labkit.plots.detached_figures`), out of the inline backend's reach: it
+    shows and closes every registered figure when a cell finishes, and the half-drawn chart seen once fits a
+    figure printed by two parties at the same time.
     """
     plt = sys.modules.get("matplotlib.pyplot")
     figures = figures_since(mark)
@@ -314,7 +317,7 @@ def _display_new_figures(before: set, mark: int) -> None:
         if figure.axes:
             display(Image(data=_render_png(figure), format="png"))
         if plt is not None:
-            plt.close(figure)
+            plt.close(figure)  # a no-op for a figure made outside pyplot
 
 
 def _render_png(figure, attempts: int = 2) -> bytes:
