@@ -104,6 +104,15 @@ def test_the_view_and_charts_show_what_was_measured(table):
 def test_compare_refuses_unknown_methods(cfgs):
     with pytest.raises(ConfigError, match=r"methods=\['int2'\] is not allowed: names from \['fp32'"):
         lab.compare(cfgs, methods=("fp32", "int2"))
+    with pytest.raises(ConfigError, match=r"cfgs=\{\} is not allowed: a non-empty dict"):
+        lab.compare({}, methods=("fp32",))
+
+
+def test_compare_always_measures_the_fp32_reference(cfgs):
+    table = lab.compare({"small_cnn": cfgs["small_cnn"]}, methods=("int8_static",), num_calibration=1,
+                        progress=False)
+    assert list(table.method) == ["fp32", "int8_static"]
+    assert table.size_vs_fp32.iloc[1] < 0.35 and "small_cnn" in str(lab.compare_finding(table))
 
 
 def test_stacking_fp16_then_int8_dynamic_fails_in_the_forward(cfgs):

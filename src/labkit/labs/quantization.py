@@ -289,10 +289,13 @@ def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
     Example:
         >>> table = compare(); table.pivot(index="method", columns="model", values="size_vs_fp32")
     """
-    cfgs = cfgs or workloads()
+    cfgs = workloads() if cfgs is None else cfgs
     unknown = [m for m in methods if m not in TABLE_METHODS]
     if unknown:
         raise ConfigError("methods", unknown, f"names from {list(TABLE_METHODS)}")
+    if not cfgs:
+        raise ConfigError("cfgs", cfgs, "a non-empty dict of model name -> RunConfig (e.g. workloads())")
+    methods = ("fp32", *(m for m in methods if m != "fp32"))  # the reference every ratio is taken against
     rows = []
     for name, cfg in cfgs.items():
         model, _ = fine_tuned(cfg, progress=progress)
