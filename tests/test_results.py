@@ -124,14 +124,14 @@ def test_cache_key_depends_on_whether_weights_may_be_downloaded(tiny_cfg, monkey
 
 def test_interrupted_write_keeps_the_previous_result(tmp_path, monkeypatch):
     path = tmp_path / "run.json"
-    results._write_atomic(path, {"ok": 1})
+    results.write_json_atomic(path, {"ok": 1})
 
     def explode(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(results.json, "dump", explode)
     with pytest.raises(KeyboardInterrupt):
-        results._write_atomic(path, {"ok": 2})
+        results.write_json_atomic(path, {"ok": 2})
     assert json.loads(path.read_text()) == {"ok": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
 

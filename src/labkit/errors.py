@@ -43,3 +43,12 @@ class UnsupportedError(LabkitError, RuntimeError):
     def __init__(self, field: str, value, reason: str, available: str):
         self.field, self.value, self.reason = field, value, reason
         super().__init__(f"{field}={value!r} cannot run here: {reason}. What runs here: {available}")
+
+
+class DistributedError(LabkitError, RuntimeError):
+    """A distributed job failed: a rank raised, died or the job hung past its limit."""
+
+    def __init__(self, message: str, rank: int | None = None, exit_code: int | None = None,
+                 elapsed_s: float | None = None, log: str = ""):
+        self.rank, self.exit_code, self.elapsed_s, self.log = rank, exit_code, elapsed_s, log
+        super().__init__(message)

@@ -425,13 +425,16 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer, device: torch.device
     """Bytes of the optimizer's persistent state tensors (e.g. AdamW's exp_avg and exp_avg_sq) on ``device``.
 
     Tensors shared between parameters (bitsandbytes' quantisation maps) count once. bitsandbytes' paged
-    state counts on the GPU it is paged for; ``paged_only`` counts only that.
+    state counts on the GPU it is paged for; ``paged_only`` counts only that. Sharded (FSDP) state counts
+    this rank's shard.
     """
     seen, total = set(), 0
     for state in optimizer.state.values():
         for value in state.values():
             if not torch.is_tensor(value) or (paged_only and not getattr(value, "is_paged", False)):
                 continue
+            if hasattr(value, "to_local"):  # a sharded (FSDP) state: this rank holds its local shard
+                value = value.to_local()
             if device is not None and not _same_device(_state_device(value), torch.device(device)):
                 continue
             if value.untyped_storage().data_ptr() not in seen:

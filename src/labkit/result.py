@@ -36,6 +36,10 @@ class RunResult:
         model_size_bytes: serialised state_dict size; num_params / num_trainable_params: parameter counts.
         weights: where the starting weights came from; warnings: what the run warned about.
         error: why the run failed (sweeps record failures as rows).
+        distributed: for a data-parallel run (`labkit.labs.distributed.launch`), the job: ``world_size``,
+            ``backend``, ``weights_sha256`` (one per rank), ``ranks`` (each rank's own figures),
+            ``bucket_cap_mb``, ``allreduce_bytes_per_step``; None for a run in one process. Step time,
+            throughput, loss, FLOPs and accuracy are then the job's; peak memory is rank 0's.
     """
 
     config: dict
@@ -68,6 +72,7 @@ class RunResult:
     weights: str | None = None
     warnings: list = field(default_factory=list)
     error: str | None = None
+    distributed: dict | None = None
 
     model = None  # the trained model after `labkit.fit` (not serialised; None for cached or reference runs)
 

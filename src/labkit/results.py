@@ -60,7 +60,7 @@ def cache_key(cfg: RunConfig, env: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _write_atomic(path: Path, payload: dict) -> None:
+def write_json_atomic(path: Path, payload: dict) -> None:
     # Write to a temporary file in the same folder, then rename: an interrupted run never leaves
     # a half-written JSON behind, and finished runs are never lost.
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +92,7 @@ def cached_fit(cfg: RunConfig, refresh: bool = False, progress: bool = True, on_
                 note(message)
             return result
     result = fit(cfg, progress=progress, on_step=on_step)
-    _write_atomic(path, result.to_dict())
+    write_json_atomic(path, result.to_dict())
     return result
 
 
@@ -143,7 +143,7 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True) -
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _write_atomic(json_path, result.to_dict())
+    write_json_atomic(json_path, result.to_dict())
     return result.model, result
 
 
@@ -236,7 +236,7 @@ def cached_record(key: str, compute: Callable[[], dict], refresh: bool = False) 
         except ValueError:
             path.unlink()
     record = compute()
-    _write_atomic(path, record)
+    write_json_atomic(path, record)
     return record
 
 
@@ -299,5 +299,5 @@ def write_reference(results: list[RunResult], path: Path, extras: dict | None = 
         "rows": [] if rows is None else json.loads(rows.to_json(orient="records")),
         "extras": extras or {},
     }
-    _write_atomic(Path(path), payload)
+    write_json_atomic(Path(path), payload)
     return Path(path)

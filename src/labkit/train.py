@@ -23,6 +23,7 @@ from .env import Profile, env_report, profile, resolve_device, set_tf32
 from .errors import ConfigError, NonFiniteLossError
 from .messages import note
 from .result import RunResult
+from .techniques import distributed
 from .techniques.accumulation import sync_context
 from .techniques.checkpointing import apply_checkpointing
 from .techniques.freezing import freeze
@@ -71,19 +72,29 @@ def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, split: data.ImageData, cfg: RunConfig, device: torch.device,
-             precision) -> float:
-    """Accuracy of ``model`` on ``split`` (eval mode, autocast as in training)."""
+             precision, shard: bool = True) -> float:
+    """Accuracy of ``model`` on ``split`` (eval mode, autocast as in training).
+
+    In a process group each rank scores every N-th image and the counts are summed over the ranks
+    (`labkit.techniques.distributed.all_reduce_sum`), so every rank returns the whole split's accuracy;
+    ``shard=False`` makes every rank score the whole split (FSDP: every rank must run as many forwards).
+    """
     was_training = model.training
+    model = models.unwrap(model)  # DDP's forward would broadcast buffers: evaluation needs no communication
     model.eval()
-    correct = 0
-    loader = data.make_loader(split, batch_size=max(cfg.batch_size, 256), shuffle=False)
+    shard = shard and distributed.active()
+    indices = distributed.shard_indices(len(split)) if shard else None
+    loader = data.make_loader(split, batch_size=max(cfg.batch_size, 256), shuffle=False, sampler=indices)
+    correct = torch.zeros((), dtype=torch.int64)
     for images, labels in loader:
         x = data.to_model_input(images, split, device, cfg.channels_last, cfg.image_size)
         with autocast(precision, device):
             logits = model(x)
-        correct += (logits.argmax(dim=1).cpu() == labels).sum().item()
+        correct += (logits.argmax(dim=1).cpu() == labels).sum()
     model.train(was_training)
-    return correct / len(split)
+    if shard:
+        correct = distributed.all_reduce_sum(correct.to(device)).cpu()
+    return int(correct) / len(split)
 
 
 def _check_losses(values: torch.Tensor, first_step: int, precision: str) -> None:
@@ -113,12 +124,33 @@ class Trainer:
     `labkit.capacity.step_memory`) reuse its step. Techniques plug in here through config fields.
     """
 
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module | None = None):
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module | None = None,
+                 bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB, strategy: str = "ddp"):
         """Args: cfg: the run. model: train this model instead of building ``cfg.model`` (e.g. a pruned copy,
-        for a recovery fine-tune); it must be the architecture ``cfg.model`` names, on any device."""
+        for a recovery fine-tune); it must be the architecture ``cfg.model`` names, on any device.
+        bucket_cap_mb: DistributedDataParallel's gradient bucket size, in a process group (see below).
+        strategy: in a process group, ``ddp`` (every rank holds the whole model) or ``fsdp`` (FSDP2's
+            ``fully_shard`` on every block: each rank holds 1/N of the weights, gradients and optimizer state).
+
+        Inside a process group (a torchrun worker, `labkit.worker`) the run is data parallel:
+        ``cfg.batch_size`` is the global batch, each of the N ranks takes batch_size / N of it from a
+        ``DistributedSampler``, the model is wrapped in DDP, and losses, FLOPs and accuracy are combined
+        over the ranks; ``result.distributed`` holds each rank's figures.
+        """
+        if strategy not in distributed.STRATEGIES:
+            raise ConfigError("strategy", strategy, f"one of {list(distributed.STRATEGIES)}")
         self.cfg = cfg
+        self.strategy = strategy
         self.profile = profile()
+        self.world_size = distributed.world_size()
         self.device = resolve_device(cfg.device)
+        if self.world_size > 1 or distributed.active():
+            if self.device.type == "cuda":  # one GPU per process
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
+            if cfg.batch_size % (self.world_size * cfg.grad_accum):
+                raise ConfigError("batch_size", cfg.batch_size,
+                                  f"a multiple of world_size x grad_accum = {self.world_size} x {cfg.grad_accum} "
+                                  "(the global batch is split evenly over the ranks, then into micro-batches)")
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)  # CUDA events and synchronise act on the current device
         set_tf32(cfg.tf32)  # before the report, so that the recorded TF32 state is this run's
@@ -144,10 +176,12 @@ class Trainer:
             model, self.weights = models.build(cfg.model, self.train_split.num_classes, pretrained=cfg.pretrained)
         else:
             self.weights = _given_weights(model, cfg)
-        micro_batch = cfg.batch_size // cfg.grad_accum
+        self.rank_batch = cfg.batch_size // self.world_size  # samples each rank takes per optimizer step
+        micro_batch = self.rank_batch // cfg.grad_accum
         if micro_batch < 2 and models.has_batchnorm(model):
             raise ConfigError("batch_size", cfg.batch_size,
-                              f"at least 2 samples per micro-batch (batch_size / grad_accum = {micro_batch}): "
+                              f"at least 2 samples per micro-batch (batch_size / (world_size x grad_accum) = "
+                              f"{micro_batch}): "
                               f"{cfg.model} has BatchNorm, which needs more than one value per channel")
         if self.weights.warning:
             self.warnings.append(self.weights.warning)
@@ -157,12 +191,31 @@ class Trainer:
             freeze(model, cfg.freeze)
         memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(self.device, memory_format=memory_format)
+        self.sampler = self.allreduce_counter = None
+        if distributed.active():
+            self._go_data_parallel(bucket_cap_mb)
         self.model.train()
         self.optimizer = build_optimizer(cfg, self.model)
         self.scaler = grad_scaler(self.precision, self.device)
         self.optimizer_steps = 0  # steps taken so far; drives the learning-rate warm-up
-        self.loader = data.make_loader(self.train_split, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
-                                       drop_last=True, pin_memory=self.device.type == "cuda")
+        self.loader = data.make_loader(self.train_split, batch_size=self.rank_batch, shuffle=True, seed=cfg.seed,
+                                       drop_last=True, sampler=self.sampler, pin_memory=self.device.type == "cuda")
+
+    def _go_data_parallel(self, bucket_cap_mb: float) -> None:
+        """DDP around the model (or FSDP2 shards), this rank's sampler, a counter of the gradient all-reduces."""
+        self.sampler = distributed.sampler(len(self.train_split), seed=self.cfg.seed)
+        if self.strategy == "fsdp":
+            blocks = [dict(self.model.named_children())[name] for name in models.block_names(self.model)]
+            self.model = distributed.shard(self.model, blocks)
+            return
+        model, warning = distributed.sync_batchnorm(self.model, self.device)
+        if warning and self.world_size > 1:
+            self.warnings.append(warning)
+            if distributed.is_main():
+                note(warning)
+        self.model = distributed.wrap(model, self.device, bucket_cap_mb)
+        self.allreduce_counter = distributed.AllReduceCounter()
+        self.model.register_comm_hook(self.allreduce_counter, distributed.counting_allreduce_hook)
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One optimizer step over ``grad_accum`` micro-batches; returns the loss (a detached tensor).
@@ -200,8 +253,11 @@ class Trainer:
 
     def batches(self, steps: int):
         """``steps`` training batches, starting a new (reshuffled) epoch when one runs out."""
-        count = 0
+        count = epoch = 0
         while count < steps:
+            if self.sampler is not None:
+                self.sampler.set_epoch(epoch)  # else every epoch repeats the first one's order
+            epoch += 1
             for batch in self.loader:
                 yield batch
                 count += 1
@@ -230,6 +286,8 @@ class Trainer:
                               f"fewer than the run's {planned} optimizer steps",
                               "A warm-up as long as the run never trains at the full lr")
         timer = measure.StepTimer(device)
+        progress = progress and distributed.is_main()  # one progress bar per job, rank 0's
+        reduces_before = None
         # One buffer for every step's loss, allocated up front: keeping a small tensor alive per step
         # scatters the heap on CPU and measurably slowed the following steps (about 7 % here).
         losses = torch.full((steps,), float("nan"), device=device)
@@ -248,6 +306,8 @@ class Trainer:
                 breakdown = measure.track_step_memory(record_step, self.model, self.optimizer, device)
                 measure.reset_peak(device)  # CUDA peak statistics cover the timed steps only
             elif index >= untimed:
+                if reduces_before is None and self.allreduce_counter is not None:
+                    reduces_before = self.allreduce_counter.calls
                 timer.start()
                 record_step()
                 timer.stop()
@@ -263,9 +323,35 @@ class Trainer:
         measure.synchronize(device)
         train_time_s = time.perf_counter() - start_wall
         bar.close()
+        if distributed.active():  # the job's loss per step (the mean over the ranks' shares) and its FLOPs
+            losses = distributed.all_reduce_mean(losses)
+            if flops is not None:
+                flops = int(distributed.all_reduce_sum(torch.tensor(flops, dtype=torch.float64, device=device)))
         result = self._result(steps, timer.times_s(), losses.cpu().tolist(), flops, breakdown, train_time_s)
         result.planned_steps = planned if planned != steps else None
+        if distributed.active():
+            result.distributed = self._rank_figures(result, reduces_before, len(timer.times_s()))
         return result
+
+    def _rank_figures(self, result: RunResult, reduces_before: int | None, timed_steps: int) -> dict:
+        """The job's figures and each rank's own, gathered on every rank."""
+        counter = self.allreduce_counter
+        reduces = (counter.calls - reduces_before) / timed_steps if counter and reduces_before is not None else None
+        mine = {"rank": distributed.rank(), "step_time_s": result.step_time_s, "train_time_s": result.train_time_s,
+                "peak_memory_bytes": result.peak_memory_bytes, "weights_sha256": distributed.weights_sha256(
+                    models.unwrap(self.model)), "allreduces_per_step": reduces,
+                "samples_per_step": self.rank_batch, "device": str(self.device),
+                "parameter_bytes": sum(distributed.local_numel(p) * p.element_size() for p in self.model.parameters()),
+                "optimizer_state_bytes": sum(distributed.local_numel(t) * t.element_size()
+                                             for state in self.optimizer.state.values() for t in state.values()
+                                             if torch.is_tensor(t) and t.dim() > 0)}
+        ranks = distributed.all_gather(mine)
+        ddp = self.model
+        return {"world_size": self.world_size, "backend": torch.distributed.get_backend(), "strategy": self.strategy,
+                "weights_sha256": [r["weights_sha256"] for r in ranks], "ranks": ranks,
+                "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20 if hasattr(ddp, "bucket_bytes_cap") else None,
+                "allreduce_bytes_per_step": counter.bytes / max(counter.calls, 1) * (reduces or 0) if counter else None,
+                "samples_per_rank": self.rank_batch}
 
     def _result(self, steps, times, losses, flops, breakdown, train_time_s) -> RunResult:
         cfg, device = self.cfg, self.device
@@ -275,10 +361,13 @@ class Trainer:
             peak, reserved = max(0, peak - self.baseline_bytes), max(0, reserved - self.baseline_bytes)
         else:
             peak, reserved = breakdown.total_peak_bytes, None
-        accuracy = evaluate(self.model, self.splits["test"], cfg, device, self.precision) if cfg.evaluate else None
+        accuracy = (evaluate(self.model, self.splits["test"], cfg, device, self.precision, shard=self.strategy == "ddp")
+                    if cfg.evaluate else None)
         num_params, num_trainable = measure.count_parameters(self.model)
         achieved = flops / median if flops and median > 0 else None
         peak_flops = measure.peak_flops(self.env.get("gpu"), self.precision.name, cfg.tf32)
+        if peak_flops is not None:
+            peak_flops *= self.world_size  # the FLOPs are the whole job's, on world_size devices
         result = RunResult(
             config=cfg.to_dict(), env=dict(self.env), precision_used=self.precision.name, tf32=cfg.tf32,
             steps=steps, timed_steps=len(times), step_time_s=median, step_time_p10_s=p10, step_time_p90_s=p90,
@@ -288,10 +377,10 @@ class Trainer:
             accuracy=accuracy, losses=losses,
             flops_per_step=flops, achieved_flops=achieved, peak_flops=peak_flops,
             mfu=achieved / peak_flops if achieved and peak_flops else None,
-            model_size_bytes=measure.model_size_bytes(self.model), num_params=num_params,
+            model_size_bytes=measure.model_size_bytes(models.unwrap(self.model)), num_params=num_params,
             num_trainable_params=num_trainable, weights=self.weights.source, warnings=list(self.warnings),
         )
-        result.model = self.model
+        result.model = models.unwrap(self.model)
         return result
 
 
