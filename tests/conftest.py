@@ -11,6 +11,10 @@ os.environ["LABKIT_PROFILE"] = "ci"
 os.environ["LABKIT_OFFLINE"] = "1"
 os.environ["TQDM_DISABLE"] = "1"
 os.environ.setdefault("MPLBACKEND", "Agg")
+# The cache scripts/test.sh made for this whole test run (nbval fills it): the browser test's kernels use it,
+# so that a notebook's runs come from it as the comment there says; the unit tests get a private one.
+if os.environ.get("LABKIT_DATA_DIR"):
+    os.environ.setdefault("LABKIT_RUN_DATA_DIR", os.environ["LABKIT_DATA_DIR"])
 os.environ["LABKIT_DATA_DIR"] = tempfile.mkdtemp(prefix="labkit-test-data-")
 
 

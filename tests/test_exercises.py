@@ -32,6 +32,8 @@ SOLUTIONS = {
     "05.own_backward": 0.7552,             # 2 x 0.4531 - 0.151
     "06.own_size": 1 - 0.75 * 0.973,       # the Linear share shrinks to a quarter: 0.27025
     "06.nf4_bytes": 7 * (0.5 + 4 / 64),    # 3.9375 GB
+    "07.own_efficiency": 176 / (2 * 134),  # 0.657
+    "07.ring_bytes": 2 * 7 / 8 * 0.496,    # 124e6 x 4 B = 0.496 GB; x 2 x 7/8 = 0.868 GB
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
@@ -53,8 +55,10 @@ WRONG = {
     "05.own_backward": (0.9062, "subtract their forward FLOPs once"),  # 2 x trainable: input gradients everywhere
     "06.own_size": (0.25, "the Linear share shrinks to a quarter, the rest stays"),  # as if everything were Linear
     "06.nf4_bytes": (3.5, "every block of 64 also stores a 4-byte float32 scale"),  # the 4-bit weights alone
+    "07.own_efficiency": (176 / 134, "that is the speed-up T1 / TN"),  # forgot to divide by N
+    "07.ring_bytes": (0.434, "that is one phase"),  # (N-1)/N only
 }
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel", "07.shard"]
 
 
 def own(name):

@@ -584,3 +584,50 @@ register(Exercise(
     rel_tol=0.01,
     diagnose=_nf4_hint,
 ))
+
+
+# --- Notebook 07: distributed data parallel -------------------------------------------------------------
+
+
+def _speedup_not_efficiency(value: float, expected: float) -> str | None:
+    """07.own_efficiency: the speed-up T1 / TN is N times the efficiency."""
+    for n in (2, 4, 8):
+        if math.isclose(value, expected * n, rel_tol=0.02):
+            return f"that is the speed-up T1 / TN; the efficiency divides it by N ({n} here)"
+    return _percent_not_fraction(value, expected)
+
+
+register(Exercise(
+    name="07.own_efficiency",
+    template=("In your scaling run, one process took {t1_ms} ms per step of the global batch and {world_size} "
+              "processes took {tn_ms} ms for the same batch. What is the scaling efficiency T1 / (N x TN), as a "
+              "fraction (0..1)?"),
+    numbers={"world_size": 2, "t1_ms": 176.0, "tn_ms": 134.0},
+    solution="t1_ms / (world_size * tn_ms)",
+    hint="efficiency = T1 / (N x TN): 1 means N processes did the step N times faster",
+    rel_tol=0.02,
+    diagnose=_speedup_not_efficiency,
+    from_run=("world_size", "t1_ms", "tn_ms"),
+))
+
+
+def _ring_hint(value: float, expected: float) -> str | None:
+    """07.ring_bytes: recognise one phase of the ring only, or the whole gradient twice."""
+    if math.isclose(value, expected / 2, rel_tol=0.02):
+        return "that is one phase; a ring all-reduce is a reduce-scatter and then an all-gather, each (N-1)/N"
+    if math.isclose(value, expected * 8 / 7, rel_tol=0.02):
+        return "each phase sends (N-1)/N of the gradient, not all of it"
+    return None
+
+
+register(Exercise(
+    name="07.ring_bytes",
+    template=("DDP all-reduces a model's gradients with a ring: each of N GPUs sends 2 (N-1) / N times the "
+              "gradient's bytes per step. For a {millions}M-parameter model with float32 gradients on N = {n} "
+              "GPUs, how many GB (1e9 bytes) does each GPU send per optimizer step?"),
+    numbers={"millions": 124, "n": 8},
+    solution="2 * (n - 1) / n * millions * 1e6 * 4 / 1e9",
+    hint="gradient bytes = parameters x 4; times 2 (N-1) / N; divide by 1e9",
+    rel_tol=0.01,
+    diagnose=_ring_hint,
+))

@@ -90,6 +90,12 @@ METRICS: dict[str, Metric] = {
     "mean_abs_error": Metric("mean absolute error", "", 1.0),
     "relative_error": Metric("relative error (norm)", "%", 100.0),
     "extra_train_time_s": Metric("extra training time", "s", 1.0),
+    "loss_difference": Metric("|loss difference|", "", 1.0),
+    "world_size": Metric("processes (world size)", "", 1.0),
+    "speedup": Metric("speed-up over 1 process", "x", 1.0),
+    "efficiency": Metric("scaling efficiency T1 / (N x TN)", "%", 100.0),
+    "comm_share": Metric("all-reduce share of a step", "%", 100.0),
+    "allreduces_per_step": Metric("gradient all-reduces per step", "buckets", 1.0),
     **{f"mem_{c}_bytes": Metric(f"memory: {c.replace('_', ' ')}", "MiB", 1 / MiB) for c in MEMORY_CATEGORIES},
 }
 

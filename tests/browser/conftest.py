@@ -47,6 +47,8 @@ def lab_server(chromium_path):
     # What a learner's kernel sees: matplotlib's inline backend and tqdm's bars (no MPLBACKEND=Agg, no
     # TQDM_DISABLE), with the profile, offline mode and the result cache of this test run.
     env = {key: value for key, value in os.environ.items() if key not in ("MPLBACKEND", "TQDM_DISABLE")}
+    if os.environ.get("LABKIT_RUN_DATA_DIR"):  # the test run's cache, which nbval filled (scripts/test.sh)
+        env["LABKIT_DATA_DIR"] = os.environ["LABKIT_RUN_DATA_DIR"]
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         env["OMP_NUM_THREADS"] = "1"  # one core per notebook when two run side by side
     server = LabServer(NOTEBOOKS, env=env, replace_env=True)

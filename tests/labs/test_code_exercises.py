@@ -12,7 +12,7 @@ from labkit import exercises
 from labkit.exercises import WrongAnswer, check
 from labkit.labs import code_exercises
 
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel", "07.shard"]
 
 
 @pytest.mark.parametrize("name", CODE)
@@ -213,3 +213,26 @@ def _per_channel(divisor=127.5, per_tensor=False, reshape=True):
 def test_per_channel_mistakes_are_named(mistake, hint):
     with pytest.raises(WrongAnswer, match=hint):
         check("06.per_channel", mistake)
+
+
+def _shard(contiguous=False, fixed_epoch=False, no_shuffle=False):
+    def my_shard(n, world, rank, seed, epoch):
+        if no_shuffle:
+            return list(range(rank, n // world * world, world))
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + (0 if fixed_epoch else epoch))).tolist()
+        if contiguous:
+            block = n // world
+            return order[rank * block:(rank + 1) * block]
+        return order[rank:n // world * world:world]
+
+    return my_shard
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (_shard(contiguous=True), "a contiguous block; DistributedSampler interleaves"),
+    (_shard(fixed_epoch=True), "the same order in every epoch"),
+    (_shard(no_shuffle=True), "your indices are in order"),
+])
+def test_shard_mistakes_are_named(mistake, hint):
+    with pytest.raises(WrongAnswer, match=hint):
+        check("07.shard", mistake)

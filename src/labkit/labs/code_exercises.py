@@ -15,6 +15,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data.distributed import DistributedSampler
 
 from .. import data, exercises, models
 from ..config import RunConfig
@@ -463,4 +464,57 @@ exercises.register(CodeExercise(
           "(out, in, kh, kw)."),
     checker=_check_per_channel,
     reference=per_channel_int8_solution,
+))
+
+
+# --- 07: this rank's share of an epoch --------------------------------------------------------------------
+
+
+def shard_solution(num_samples: int, world_size: int, rank: int, seed: int, epoch: int) -> list[int]:
+    """The sample indices ``rank`` trains on in ``epoch``, as DistributedSampler(shuffle, drop_last) gives them."""
+    order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    used = num_samples // world_size * world_size  # drop_last: every rank gets as many
+    return order[rank:used:world_size]
+
+
+_SHARD_CASES = ((10, 2, 0, 0, 0), (10, 2, 1, 0, 0), (10, 2, 1, 0, 1), (13, 4, 3, 5, 2), (64, 3, 2, 1, 0))
+
+
+def _check_shard(shard) -> str:
+    from_torch = {}
+    for n, world, rank, seed, epoch in _SHARD_CASES:
+        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        sampler.set_epoch(epoch)
+        from_torch[(n, world, rank, seed, epoch)] = list(sampler)
+    for (n, world, rank, seed, epoch), expected in from_torch.items():
+        got = [int(i) for i in shard(n, world, rank, seed, epoch)]
+        if got == expected:
+            continue
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+        block = n // world
+        if got == order[rank * block:(rank + 1) * block]:
+            raise WrongAnswer("07.shard: you gave each rank a contiguous block; DistributedSampler interleaves: rank r "
+                              "takes positions r, r + N, r + 2N, ... of the epoch's permutation")
+        if got == shard_solution(n, world, rank, seed, 0) and epoch:
+            raise WrongAnswer("07.shard: the same order in every epoch. Hint: the permutation's generator is seeded "
+                              "with seed + epoch (what set_epoch changes)")
+        if sorted(got) == got:
+            raise WrongAnswer("07.shard: your indices are in order; with shuffle=True they come from "
+                              "torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))")
+        if len(got) != len(expected):
+            raise WrongAnswer(f"07.shard: {len(got)} indices for rank {rank} of {world} with {n} samples; expected "
+                              f"{len(expected)}: drop_last keeps n // N x N of them, the same number per rank")
+        raise WrongAnswer(f"07.shard: for n={n}, world_size={world}, rank={rank}, seed={seed}, epoch={epoch} you gave "
+                          f"{got[:6]}..., DistributedSampler gives {expected[:6]}...")
+    return ("Your shards equal DistributedSampler's on five cases: interleaved positions of one permutation per "
+            "epoch, seeded with seed + epoch, the tail dropped so that every rank gets as many.")
+
+
+exercises.register(CodeExercise(
+    name="07.shard",
+    task=("Complete my_shard(num_samples, world_size, rank, seed, epoch) below: the sample indices this rank trains "
+          "on in this epoch, as torch's DistributedSampler(shuffle=True, drop_last=True) gives them after "
+          "set_epoch(epoch). Every rank draws the same permutation (same seed), so the ranks' shares never overlap."),
+    checker=_check_shard,
+    reference=shard_solution,
 ))

@@ -1,0 +1,190 @@
+"""labkit.labs.distributed: torchrun jobs of 1 and 2 CPU processes over gloo, the same training, faults named."""
+
+import socket
+import time
+
+import pytest
+import torch
+
+import labkit
+from labkit.errors import ConfigError, DistributedError, UnsupportedError
+from labkit.labs import distributed as lab
+from labkit.techniques import distributed
+
+pytestmark = pytest.mark.skipif(lab.cpu_cores() < 2, reason="two CPU processes need two cores")
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return labkit.RunConfig(model="tiny_vit", dataset="shapes10", batch_size=32, max_steps=6, train_size=256, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def one(cfg):
+    return lab.launch(cfg, nproc=1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def two(cfg):
+    return lab.launch(cfg, nproc=2, progress=False)
+
+
+def test_two_processes_train_what_one_does(one, two):
+    assert two.distributed["world_size"] == 2 and two.distributed["backend"] == "gloo"
+    assert len(two.distributed["weights_sha256"]) == 2 and len(set(two.distributed["weights_sha256"])) == 1
+    assert [r["samples_per_step"] for r in two.distributed["ranks"]] == [16, 16]
+    assert one.distributed["world_size"] == 1 and one.distributed["ranks"][0]["samples_per_step"] == 32
+    # the same global batches in the same order: the loss curves agree to float rounding
+    assert torch.allclose(torch.tensor(one.losses), torch.tensor(two.losses), rtol=1e-4, atol=1e-5)
+    assert one.accuracy == two.accuracy and one.steps == two.steps == 6
+    assert two.distributed["threads_per_rank"] == lab.cpu_cores() // 2
+    assert "--nproc_per_node=2" in two.distributed["command"] and "labkit.worker" in two.distributed["command"]
+
+
+def test_gradients_are_all_reduced_once_per_step_in_buckets(one, two):
+    param_bytes = 4 * two.num_params
+    assert two.distributed["allreduce_bytes_per_step"] == param_bytes
+    assert two.distributed["ranks"][0]["allreduces_per_step"] >= 1
+    comm = two.distributed["communication"]
+    assert comm["allreduce_s"] > 0 and 0 < comm["share"] < 1
+    assert one.throughput == pytest.approx(32 / one.step_time_s)
+
+
+def test_accumulation_skips_the_sync_on_all_but_the_last_micro_batch(cfg, two):
+    accum = lab.launch(cfg.replace(grad_accum=2), nproc=2, progress=False)
+    per_step = [r["allreduces_per_step"] for r in accum.distributed["ranks"]]
+    assert per_step == [r["allreduces_per_step"] for r in two.distributed["ranks"]]  # not twice as many
+    assert torch.allclose(torch.tensor(accum.losses), torch.tensor(two.losses), rtol=1e-4, atol=1e-5)
+
+
+def test_a_cached_job_comes_back_without_running(cfg, two):
+    start = time.perf_counter()
+    again = lab.launch(cfg, nproc=2, progress=False)
+    assert time.perf_counter() - start < 2 and again.losses == two.losses
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_name(cfg):
+    start = time.perf_counter()
+    with pytest.raises(DistributedError, match=r"rank 1 failed after step 2: InjectedFailure: rank 1 failed on purpose") as info:
+        lab.launch(cfg, nproc=2, fail_rank=1, fail_step=2, progress=False)
+    assert info.value.rank == 1 and info.value.exit_code != 0 and time.perf_counter() - start < 60
+    assert "[/" not in str(info.value)  # gloo's C++ source paths are left out
+
+
+@pytest.mark.parametrize("how, message", [
+    ("exit", r"rank 1 died with exit code 13 without raising an error"),
+    ("hang", r"rank 1 stopped taking part after step 2: rank 0 waited for it .* until the process group's timeout"),
+])
+def test_a_rank_that_dies_or_hangs_is_named_within_the_timeout(cfg, how, message):
+    start = time.perf_counter()
+    with pytest.raises(DistributedError, match=message) as info:
+        lab.launch(cfg, nproc=2, fail_rank=1, fail_step=2, fail_how=how, timeout_s=2, progress=False)
+    assert info.value.rank == 1 and time.perf_counter() - start < 60
+
+
+def test_bad_launches_name_the_value(cfg):
+    cores = lab.cpu_cores()
+    with pytest.raises(ConfigError, match=rf"nproc=0 is not allowed: an integer from 1 to {cores}"):
+        lab.launch(cfg, nproc=0)
+    with pytest.raises(ConfigError, match=rf"nproc={cores + 1} is not allowed: .*{cores} CPU core"):
+        lab.launch(cfg, nproc=cores + 1)
+    with pytest.raises(UnsupportedError, match="backend='nccl' cannot run here"):
+        lab.launch(cfg, backend="nccl")
+    with pytest.raises(ConfigError, match=r"backend='mpi'"):
+        lab.launch(cfg, backend="mpi")
+    with pytest.raises(ConfigError, match=r"fail_rank=2 is not allowed: None or a rank from 0 to 1"):
+        lab.launch(cfg, fail_rank=2, fail_step=1)
+    with pytest.raises(ConfigError, match=r"fail_step=None is not allowed: set together"):
+        lab.launch(cfg, fail_rank=1)
+    with pytest.raises(ConfigError, match=r"fail_step=7 is not allowed: a step the run reaches: 1 to 6"):
+        lab.launch(cfg, fail_rank=1, fail_step=7)
+    with pytest.raises(ConfigError, match=r"fail_how='crash'"):
+        lab.launch(cfg, fail_rank=1, fail_step=1, fail_how="crash")
+    with pytest.raises(ConfigError, match=r"batch_size=33 is not allowed: a multiple of nproc x grad_accum = 2 x 1"):
+        lab.launch(cfg.replace(batch_size=33))
+    with pytest.raises(ConfigError, match=r"bucket_cap_mb=0 is not allowed"):
+        lab.launch(cfg, bucket_cap_mb=0)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"port={port} is not allowed: a free TCP port"):
+            lab.launch(cfg, port=port)
+
+
+def test_failure_text_helpers():
+    log = ["noise", "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+           "  exitcode  : 13 (pid: 12)"]
+    assert lab._torchrun_root_rank(log) == (1, 13)
+    assert lab._torchrun_root_rank(["no summary"]) == (None, None)
+    assert lab._first_line("x: [/__w/pytorch/gloo/pair.cc:561] Connection closed\nmore") == "x: Connection closed"
+
+
+def test_trainer_refuses_a_global_batch_the_ranks_cannot_share(monkeypatch, cfg):
+    monkeypatch.setattr(distributed, "world_size", lambda: 3)
+    with pytest.raises(ConfigError, match=r"batch_size=32 is not allowed: a multiple of world_size x grad_accum = 3 x 1"):
+        labkit.train.Trainer(cfg)
+
+
+def test_fsdp_holds_a_shard_per_rank_and_trains_the_same(cfg, two):
+    sharded = lab.launch(cfg, nproc=2, strategy="fsdp", progress=False)
+    ddp_rank, fsdp_rank = two.distributed["ranks"][0], sharded.distributed["ranks"][0]
+    assert sharded.distributed["strategy"] == "fsdp" and two.distributed["strategy"] == "ddp"
+    assert 0.4 < fsdp_rank["parameter_bytes"] / ddp_rank["parameter_bytes"] < 0.6
+    assert 0.4 < fsdp_rank["optimizer_state_bytes"] / ddp_rank["optimizer_state_bytes"] < 0.6
+    assert ddp_rank["parameter_bytes"] == 4 * two.num_params
+    assert torch.allclose(torch.tensor(sharded.losses), torch.tensor(two.losses), rtol=1e-4, atol=1e-5)
+    frame = lab.fsdp_comparison(cfg, nproc=2, progress=False)  # both jobs cached now
+    assert list(frame.strategy) == ["ddp", "fsdp"]
+    assert "FSDP held 5" in flat(lab.fsdp_finding(frame)) and "1/2 = 50%" in flat(lab.fsdp_finding(frame))
+    with pytest.raises(ConfigError, match=r"strategy='zero' is not allowed: one of \['ddp', 'fsdp'\]"):
+        lab.launch(cfg, strategy="zero")
+
+
+def flat(text) -> str:
+    return " ".join(str(text).split())
+
+
+def test_findings_come_from_the_numbers(one, two):
+    eq = lab.Equivalence(one, two)
+    assert eq.identical_weights and eq.max_difference == float(eq.frame.loss_difference.max())
+    text = flat(eq.finding())
+    assert f"differ by at most {eq.max_difference:.1e} over 6 steps" in text and "identical weights" in text
+    frame = lab.jobs_frame([one, two])
+    frame["speedup"] = frame.throughput / frame.throughput[0]
+    frame["efficiency"] = frame.step_time_s[0] / (frame.world_size * frame.step_time_s)
+    assert f"efficiency {frame.efficiency[1]:.0%}" in flat(lab.scaling_finding(frame))
+    for efficiency, speedup, verdict in ((0.9, 1.8, "Near-linear"), (0.6, 1.2, "A partial gain"), (0.4, 0.8, "No gain")):
+        fake = frame.copy()
+        fake.loc[1, ["efficiency", "speedup"]] = efficiency, speedup
+        assert verdict in lab.scaling_finding(fake)
+
+
+def test_the_panel_run_is_a_labelled_row(cfg, two):
+    run = lab.panel_run(cfg, nproc=2)  # cached: the same job as `two`
+    assert run.to_row()["setup"] == "2p, 25MB, acc1" and run.to_row()["step_time_s"] == two.step_time_s
+    assert str(run).startswith("2p, 25MB, acc1: ") and "all-reduces a step" in str(run)
+    assert lab.panel_estimate(cfg).startswith("Estimated time: about ")
+
+
+def test_data_parallel_runs_here_and_the_comparison_needs_two_gpus(cfg):
+    result = lab.data_parallel_fit(cfg, progress=False)  # without GPUs DataParallel just calls the model
+    assert result.accuracy is not None and result.steps == 6
+    comparison = lab.dp_vs_ddp(cfg)
+    assert comparison.frame is None and "needs at least 2 GPUs; this machine has 0" in flat(comparison.finding())
+
+
+def test_collective_time_counts_overlaps_once():
+    from labkit.worker import covered_us
+
+    assert covered_us([(0, 10), (5, 15), (20, 25), (21, 22)]) == 20
+    assert covered_us([]) == 0
+
+
+def test_commands_and_sizing():
+    commands = lab.multi_node_commands(nproc=4, nnodes=2, endpoint="h:1")
+    assert len(commands) == 2 and "--node_rank=1" in commands[1] and "--rdzv_endpoint=h:1" in commands[0]
+    assert all(len(line) <= 100 for command in commands for line in command.splitlines())
+    sizing = lab.fsdp_sizing(num_params=1e9, gpu_bytes=16e9)
+    assert sizing.per_gpu_GB.iloc[0] == 16.0 and sizing.per_gpu_GB.iloc[1] == 8.0
+    assert sizing.fits.tolist() == [True, True, True, True, True]
