@@ -205,7 +205,11 @@ class Trainer:
         """DDP around the model (or FSDP2 shards), this rank's sampler, a counter of the gradient all-reduces."""
         self.sampler = distributed.sampler(len(self.train_split), seed=self.cfg.seed)
         if self.strategy == "fsdp":
-            blocks = [dict(self.model.named_children())[name] for name in models.block_names(self.model)]
+            # Each stage that is a child module of its own (a ResNet's stem is four children, not one) is a
+            # shard unit; the root's fully_shard takes the rest.
+            children = list(self.model.children())
+            blocks = [stage for _, stage in models.named_stages(self.model)[:-1]
+                      if any(stage is child for child in children)]
             self.model = distributed.shard(self.model, blocks)
             return
         model, warning = distributed.sync_batchnorm(self.model, self.device)

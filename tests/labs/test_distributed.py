@@ -1,5 +1,6 @@
 """labkit.labs.distributed: torchrun jobs of 1 and 2 CPU processes over gloo, the same training, faults named."""
 
+import json
 import socket
 import time
 
@@ -188,3 +189,12 @@ def test_commands_and_sizing():
     sizing = lab.fsdp_sizing(num_params=1e9, gpu_bytes=16e9)
     assert sizing.per_gpu_GB.iloc[0] == 16.0 and sizing.per_gpu_GB.iloc[1] == 8.0
     assert sizing.fits.tolist() == [True, True, True, True, True]
+
+
+def test_a_silent_death_is_named_even_when_the_survivor_reported_first(tmp_path):
+    record = {"rank": 0, "step": 3, "type": "RuntimeError", "message": "Connection closed by peer", "time": 1.0}
+    (tmp_path / "error-rank0.json").write_text(json.dumps(record))
+    log = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : 13 (pid: 9)"]
+    error = lab._failure(tmp_path, 2, 1, 8.0, log, hung=False)
+    assert error.rank == 1 and str(error).startswith("rank 1 died with exit code 13 without raising an error")
+    assert "rank 0 then stopped with RuntimeError: Connection closed by peer" in str(error)

@@ -93,3 +93,30 @@ def test_the_rounding_allowance_counts_tensors_on_cuda():
     assert frozen["gradients"] == 511 * 22 and frozen["weights"] == adamw["weights"]
     assert memory_savers.rounding_allowance(model, "adamw", True, "cpu") == {
         "weights": 0, "gradients": 0, "optimizer_state": 0}
+
+
+def test_07s_scaling_check_holds_on_four_gpus():
+    check = cell_with("07_distributed.ipynb", "one row per world size, each measured")
+    times = [0.40, 0.21, 0.11]  # 1, 2 and 4 GPUs
+    scale = pd.DataFrame({"world_size": [1, 2, 4], "step_time_s": times, "identical_weights": True})
+    scale["efficiency"] = times[0] / (scale.world_size * scale.step_time_s)
+    exec(check, {"scale": scale})
+    scale.loc[2, "efficiency"] = times[0] / (2 * times[2])  # a formula that assumed two processes
+    with pytest.raises(AssertionError):
+        exec(check, {"scale": scale})
+
+
+def test_07s_equivalence_check_allows_gpu_drift_after_the_first_steps():
+    check = cell_with("07_distributed.ipynb", "the same training on 1 and 2 processes")
+    from labkit.labs import distributed as lab
+
+    class Eq:
+        identical_weights = True
+        early_difference = 2e-5  # nondeterministic GPU kernels: tiny differences early on
+        one = type("R", (), {"accuracy": 0.90})
+        many = type("R", (), {"accuracy": 0.905})
+
+    exec(check, {"eq": Eq, "labkit": labkit, "P": labkit.profile("full"), "lab": lab})
+    Eq.early_difference = 0.05
+    with pytest.raises(AssertionError):
+        exec(check, {"eq": Eq, "labkit": labkit, "P": labkit.profile("full"), "lab": lab})

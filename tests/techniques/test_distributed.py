@@ -82,6 +82,8 @@ def test_sampler_interleaves_and_set_epoch_reshuffles(group):
 
 
 def test_weights_digest_changes_with_any_value():
+    bn = nn.BatchNorm1d(3)  # its num_batches_tracked is a 0-dim int64 buffer
+    assert distributed.weights_sha256(bn) == distributed.weights_sha256(nn.BatchNorm1d(3))
     model = nn.Linear(3, 2)
     before = distributed.weights_sha256(model)
     with torch.no_grad():

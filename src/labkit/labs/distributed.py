@@ -174,12 +174,13 @@ def _failure(out: Path, nproc: int, code: int | None, elapsed_s: float, log: lis
         return DistributedError(f"the job did not finish within {elapsed_s:.0f} s and was stopped: no rank reported "
                                 f"an error, so a rank is stuck (a hang). torchrun's last lines:\n{tail}",
                                 exit_code=code, elapsed_s=elapsed_s, log=tail)
+    rank, rank_code = _torchrun_root_rank(log)
+    if rank is not None and rank not in {r["rank"] for r in records}:  # the first to fail said nothing: it died
+        message = (f"rank {rank} died with exit code {rank_code} without raising an error (a crash, os._exit or the "
+                   f"out-of-memory killer); torchrun stopped the other ranks. {ended}")
+        others = [f"rank {r['rank']} then stopped with {r['type']}: {_first_line(r['message'], 120)}" for r in records]
+        return DistributedError("; ".join([message, *others]), rank=rank, exit_code=code, elapsed_s=elapsed_s, log=tail)
     if not records:
-        rank, rank_code = _torchrun_root_rank(log)
-        if rank is not None:
-            return DistributedError(f"rank {rank} died with exit code {rank_code} without raising an error (a crash, "
-                                    f"os._exit or the out-of-memory killer); torchrun stopped the other ranks. {ended}",
-                                    rank=rank, exit_code=code, elapsed_s=elapsed_s, log=tail)
         return DistributedError(f"the job ended with exit code {code} after {elapsed_s:.1f} s before any rank "
                                 f"reported an error. torchrun's last lines:\n{tail}",
                                 exit_code=code, elapsed_s=elapsed_s, log=tail)

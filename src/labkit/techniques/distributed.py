@@ -211,7 +211,7 @@ def weights_sha256(model: nn.Module) -> str:
         if hasattr(tensor, "full_tensor"):  # a sharded (FSDP) weight: gathered whole, on every rank
             tensor = tensor.full_tensor()
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
