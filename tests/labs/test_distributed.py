@@ -119,6 +119,8 @@ def test_failure_text_helpers():
     assert lab._torchrun_root_rank(log) == (1, 13)
     assert lab._torchrun_root_rank(["no summary"]) == (None, None)
     assert lab._first_line("x: [/__w/pytorch/gloo/pair.cc:561] Connection closed\nmore") == "x: Connection closed"
+    wrapped = "Got the following error when running the callback: RuntimeError: Timed out waiting 3000ms"
+    assert lab._first_line(wrapped) == "Timed out waiting 3000ms"
 
 
 def test_trainer_refuses_a_global_batch_the_ranks_cannot_share(monkeypatch, cfg):

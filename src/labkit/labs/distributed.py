@@ -144,13 +144,14 @@ def _root_cause(out: Path) -> list[dict]:
 _SOURCE_PATH = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\]\s*")  # gloo's "[/__w/.../pair.cc:561] "
 
 
-_CALLBACK = "Got the following error when running the callback: "  # DDP's wrapper around a collective's error
+# DDP's wrapper around a collective's error, with the inner error's type (the record names the type already)
+_CALLBACK = re.compile(r"Got the following error when running the callback: (?:\w+: )?")
 
 
 def _first_line(text: str, limit: int = 160) -> str:
     """The first line of an error message, without C++ source paths and DDP's callback wrapper, at most
     ``limit`` characters."""
-    text = _SOURCE_PATH.sub("", str(text)).replace(_CALLBACK, "").strip()
+    text = _CALLBACK.sub("", _SOURCE_PATH.sub("", str(text))).strip()
     line = text.splitlines()[0] if text else ""
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
@@ -581,12 +582,20 @@ def plain_setup(config_path: str):
 
 def plain_finish(losses: list, model: torch.nn.Module, out: str) -> None:
     """For a plain DDP script: average the losses over the ranks, and rank 0 writes them with every rank's weight
-    digest to ``out/result.json``; then leave the process group."""
+    digest to ``out/result.json``; then leave the process group and the process.
+
+    The process ends with ``os._exit(0)``: gloo's worker threads can abort Python's own shutdown after the
+    job is done ("terminate called without an active exception", a known torch issue; about one job in
+    twenty here), which torchrun would report as a crashed rank.
+    """
     mean = distributed.all_reduce_mean(torch.stack(losses))
     digests = distributed.all_gather(distributed.weights_sha256(models.unwrap(model)))
     if distributed.is_main():
         results.write_json_atomic(Path(out) / "result.json", {"losses": mean.tolist(), "weights_sha256": digests})
     distributed.cleanup()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_script(script: str | Path, cfg: RunConfig, nproc: int = 2, progress: bool = True) -> dict:
