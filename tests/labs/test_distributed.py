@@ -200,3 +200,12 @@ def test_a_silent_death_is_named_even_when_the_survivor_reported_first(tmp_path)
     error = lab._failure(tmp_path, 2, 1, 8.0, log, hung=False)
     assert error.rank == 1 and str(error).startswith("rank 1 died with exit code 13 without raising an error")
     assert "rank 0 then stopped with RuntimeError: Connection closed by peer" in str(error)
+
+
+def test_an_nccl_watchdog_timeout_names_the_rank_that_stopped(tmp_path):
+    # What NCCL logs (ProcessGroupNCCL's watchdog aborts a rank whose collective timed out): no Python error record
+    log = ["[rank0]:[E1201 10:00:00 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog caught "
+           "collective operation timeout: WorkNCCL(SeqNum=40, OpType=ALLREDUCE) ran for 3000 milliseconds",
+           "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : -6 (pid: 9)"]
+    error = lab._failure(tmp_path, 2, 1, 12.0, log, hung=False)
+    assert error.rank == 1 and str(error).startswith("rank 1 stopped taking part: rank 0 waited for it")

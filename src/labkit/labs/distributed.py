@@ -156,6 +156,9 @@ def _first_line(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
+_NCCL_TIMEOUT = re.compile(r"Rank (\d+)\] Watchdog caught collective operation timeout")
+
+
 def _torchrun_root_rank(log: list[str]) -> tuple[int | None, int | None]:
     """The rank and exit code of torchrun's "Root Cause (first observed failure)" summary, if it printed one."""
     text = "\n".join(log)
@@ -176,6 +179,13 @@ def _failure(out: Path, nproc: int, code: int | None, elapsed_s: float, log: lis
                                 f"an error, so a rank is stuck (a hang). torchrun's last lines:\n{tail}",
                                 exit_code=code, elapsed_s=elapsed_s, log=tail)
     rank, rank_code = _torchrun_root_rank(log)
+    watchdog = sorted({int(r) for r in _NCCL_TIMEOUT.findall("\n".join(log))})
+    if watchdog and set(watchdog) != set(range(nproc)):  # NCCL's watchdog ended the ranks that waited too long
+        silent = [r for r in range(nproc) if r not in watchdog]
+        waited = ", ".join(str(r) for r in watchdog)
+        return DistributedError(f"rank {', '.join(str(r) for r in silent)} stopped taking part: rank {waited} waited "
+                                f"for it in a collective until the process group's timeout, and NCCL's watchdog "
+                                f"ended it. {ended}", rank=silent[0], exit_code=code, elapsed_s=elapsed_s, log=tail)
     if rank is not None and rank not in {r["rank"] for r in records}:  # the first to fail said nothing: it died
         message = (f"rank {rank} died with exit code {rank_code} without raising an error (a crash, os._exit or the "
                    f"out-of-memory killer); torchrun stopped the other ranks. {ended}")
