@@ -291,7 +291,7 @@ class Trainer:
                               "A warm-up as long as the run never trains at the full lr")
         timer = measure.StepTimer(device)
         progress = progress and distributed.is_main()  # one progress bar per job, rank 0's
-        reduces_before = None
+        reduces_before = None  # (all-reduces, bytes) counted before the first timed step
         # One buffer for every step's loss, allocated up front: keeping a small tensor alive per step
         # scatters the heap on CPU and measurably slowed the following steps (about 7 % here).
         losses = torch.full((steps,), float("nan"), device=device)
@@ -311,7 +311,7 @@ class Trainer:
                 measure.reset_peak(device)  # CUDA peak statistics cover the timed steps only
             elif index >= untimed:
                 if reduces_before is None and self.allreduce_counter is not None:
-                    reduces_before = self.allreduce_counter.calls
+                    reduces_before = (self.allreduce_counter.calls, self.allreduce_counter.bytes)
                 timer.start()
                 record_step()
                 timer.stop()
@@ -337,10 +337,13 @@ class Trainer:
             result.distributed = self._rank_figures(result, reduces_before, len(timer.times_s()))
         return result
 
-    def _rank_figures(self, result: RunResult, reduces_before: int | None, timed_steps: int) -> dict:
-        """The job's figures and each rank's own, gathered on every rank."""
+    def _rank_figures(self, result: RunResult, reduces_before: tuple[int, int] | None, timed_steps: int) -> dict:
+        """The job's figures and each rank's own, gathered on every rank. All-reduces and their bytes are counted
+        over the timed steps only: DDP's first steps use other buckets (it rebuilds them after the first one)."""
         counter = self.allreduce_counter
-        reduces = (counter.calls - reduces_before) / timed_steps if counter and reduces_before is not None else None
+        timed = counter is not None and reduces_before is not None
+        reduces = (counter.calls - reduces_before[0]) / timed_steps if timed else None
+        reduced_bytes = (counter.bytes - reduces_before[1]) / timed_steps if timed else None
         mine = {"rank": distributed.rank(), "step_time_s": result.step_time_s, "train_time_s": result.train_time_s,
                 "peak_memory_bytes": result.peak_memory_bytes, "weights_sha256": distributed.weights_sha256(
                     models.unwrap(self.model)), "allreduces_per_step": reduces,
@@ -354,7 +357,7 @@ class Trainer:
         return {"world_size": self.world_size, "backend": torch.distributed.get_backend(), "strategy": self.strategy,
                 "weights_sha256": [r["weights_sha256"] for r in ranks], "ranks": ranks,
                 "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20 if hasattr(ddp, "bucket_bytes_cap") else None,
-                "allreduce_bytes_per_step": counter.bytes / max(counter.calls, 1) * (reduces or 0) if counter else None,
+                "allreduce_bytes_per_step": reduced_bytes,
                 "samples_per_rank": self.rank_batch}
 
     def _result(self, steps, times, losses, flops, breakdown, train_time_s) -> RunResult:

@@ -42,9 +42,12 @@ def test_two_processes_train_what_one_does(one, two):
     assert "--nproc_per_node=2" in two.distributed["command"] and "labkit.worker" in two.distributed["command"]
 
 
-def test_gradients_are_all_reduced_once_per_step_in_buckets(one, two):
+def test_gradients_are_all_reduced_once_per_step_in_buckets(cfg, one, two):
     param_bytes = 4 * two.num_params
     assert two.distributed["allreduce_bytes_per_step"] == param_bytes
+    small = lab.launch(cfg, nproc=2, bucket_cap_mb=0.25, progress=False)  # 9 buckets, the same bytes in all
+    assert small.distributed["ranks"][0]["allreduces_per_step"] > two.distributed["ranks"][0]["allreduces_per_step"]
+    assert small.distributed["allreduce_bytes_per_step"] == param_bytes
     assert two.distributed["ranks"][0]["allreduces_per_step"] >= 1
     comm = two.distributed["communication"]
     assert comm["allreduce_s"] > 0 and 0 < comm["share"] < 1
@@ -105,6 +108,10 @@ def test_bad_launches_name_the_value(cfg):
         lab.launch(cfg.replace(batch_size=33))
     with pytest.raises(ConfigError, match=r"bucket_cap_mb=0 is not allowed"):
         lab.launch(cfg, bucket_cap_mb=0)
+    with pytest.raises(ConfigError, match=r"limit_s=0 is not allowed: None \(no limit beyond the timeout\)"):
+        lab.launch(cfg, limit_s=0)
+    with pytest.raises(ConfigError, match=r"script='nowhere.py' is not allowed: a Python file that exists"):
+        lab.run_script("nowhere.py", cfg)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

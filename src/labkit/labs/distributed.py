@@ -43,7 +43,6 @@ from ..capacity import training_memory
 from ..config import RunConfig
 from ..env import Profile, env_report, profile, resolve_device
 from ..errors import ConfigError, DistributedError
-from ..measure import accuracy_noise
 from ..messages import worded
 from ..result import RunResult
 from ..techniques import distributed
@@ -81,6 +80,11 @@ def workload(prof: Profile | None = None) -> RunConfig:
     return base
 
 
+def planned_steps(cfg: RunConfig) -> int:
+    """The optimizer steps a job of ``cfg`` trains (the global batch sets the steps per epoch, as in one process)."""
+    return train.total_steps(cfg, (cfg.train_size or profile().train_size) // cfg.batch_size)
+
+
 def threads_per_rank(device_type: str, nproc: int) -> int:
     """CPU threads each rank gets: the cores shared out on a CPU; one on GPUs (torchrun's default)."""
     return max(1, cpu_cores() // nproc) if device_type == "cpu" else 1
@@ -111,7 +115,7 @@ def _check_launch(cfg: RunConfig, nproc, fail_rank, fail_step, fail_how, backend
     if fail_step is not None and (not is_int(fail_step) or fail_step < 1):
         raise ConfigError("fail_step", fail_step, "None or an optimizer step >= 1")
     if fail_step is not None:
-        steps = cfg.max_steps or cfg.epochs * ((cfg.train_size or profile().train_size) // cfg.batch_size)
+        steps = planned_steps(cfg)
         if fail_step > steps:
             raise ConfigError("fail_step", fail_step, f"a step the run reaches: 1 to {steps}")
     if fail_how not in FAIL_HOW:
@@ -313,6 +317,8 @@ def launch(cfg: RunConfig, nproc: int = 2, fail_rank: int | None = None, fail_st
     """
     device, backend = _check_launch(cfg, nproc, fail_rank, fail_step, fail_how, backend, bucket_cap_mb, timeout_s,
                                     port, strategy)
+    if limit_s is not None and (not is_number(limit_s) or not limit_s > 0):
+        raise ConfigError("limit_s", limit_s, "None (no limit beyond the timeout) or a number of seconds > 0")
     threads = threads_per_rank(device.type, nproc)
     failing = fail_rank is not None
     env = env_report(cfg.device)
@@ -568,10 +574,6 @@ def multi_node_commands(nproc: int = 4, nnodes: int = 2, endpoint: str = "10.0.0
             for rank in range(nnodes)]
 
 
-def accuracy_noise_points(result: RunResult) -> float:
-    """The test set's noise on this job's accuracy, in points."""
-    return 100 * accuracy_noise(result.accuracy, profile().test_size)
-
 
 # --- the plain PyTorch script of section 2 ----------------------------------------------------------------
 
@@ -611,6 +613,8 @@ def plain_finish(losses: list, model: torch.nn.Module, out: str) -> None:
 def run_script(script: str | Path, cfg: RunConfig, nproc: int = 2, progress: bool = True) -> dict:
     """Run a plain DDP ``script`` with torchrun as ``script CONFIG.json OUT``; returns what it wrote to ``OUT/result.json``."""
     device, backend = _check_launch(cfg, nproc, None, None, "raise", None, 1.0, 60.0, None)
+    if not Path(script).is_file():
+        raise ConfigError("script", str(script), f"a Python file that exists (relative to {Path.cwd()}); write it first")
     out = Path(tempfile.mkdtemp(prefix="labkit-script-"))
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     command = distributed.torchrun_command([str(script), str(out / "config.json"), str(out)], nproc,
@@ -728,7 +732,7 @@ def panel_estimate(cfg: RunConfig) -> str | None:
     """The panel's time line, from the last job this session launched (None before any)."""
     if not _LAST_JOB:
         return None
-    steps = cfg.max_steps or cfg.epochs * ((cfg.train_size or profile().train_size) // cfg.batch_size)
+    steps = planned_steps(cfg)
     seconds = _LAST_JOB["launch_s"] + steps * _LAST_JOB["step_s"]
     return (f"Estimated time: about {seconds:.0f} s (from the last job here: {_LAST_JOB['launch_s']:.0f} s to start "
             f"torchrun, import and join, then {steps} steps at about {_LAST_JOB['step_s'] * 1e3:.0f} ms; a cached "
