@@ -57,6 +57,16 @@ def test_a_basis_must_cost_the_same_per_sample_and_cached_can_be_refused(tiny_cf
     assert not again.cached and again.seconds > 0
 
 
+def test_a_lora_run_scales_a_lora_run_on_the_same_targets_whatever_its_rank(empty_cache):
+    base = labkit.RunConfig(model="tiny_vit", batch_size=16, max_steps=4, train_size=64, device="cpu", evaluate=False)
+    results.cached_fit(base, progress=False)  # full fine-tuning: no basis for LoRA
+    assert estimates.estimate_run(base.replace(lora_rank=8, lora_targets=["qkv"])) is None
+    results.cached_fit(base.replace(lora_rank=2, lora_targets=("qkv",)), progress=False)
+    for targets in ("qkv", ["qkv"], ("qkv",)):  # one name, a YAML list, a tuple: the same layers
+        assert estimates.estimate_run(base.replace(lora_rank=9, lora_targets=targets)) is not None
+    assert estimates.estimate_run(base.replace(lora_rank=9, lora_targets="all-linear")) is None
+
+
 def test_format_seconds():
     assert estimates.format_seconds(42.4) == "42 s" and estimates.format_seconds(210) == "3.5 min"
 

@@ -20,6 +20,8 @@ PRECISIONS = ("fp32", "fp16", "bf16", "auto")
 OPTIMIZERS = ("adamw", "sgd", "adamw8bit", "paged_adamw8bit")
 # Layer freezing levels (what each freezes per model: `labkit.techniques.freezing`).
 FREEZE_LEVELS = ("none", "light", "medium", "heavy", "head_only")
+LORA_ALL_LINEAR = "all-linear"  # every Linear layer but the head's (PEFT's name for it)
+LORA_DEFAULTS = {"lora_alpha": 16.0, "lora_targets": LORA_ALL_LINEAR, "lora_dropout": 0.0}
 DEVICES_HINT = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
 
@@ -51,6 +53,13 @@ class RunConfig:
             or ``head_only`` (only the head trains). Frozen parameters get no gradient and no optimizer
             state, and frozen BatchNorm layers stay in eval mode (see `labkit.techniques.freezing`, which
             has the table of what each level freezes per model).
+        lora_rank: train LoRA adapters of this rank instead of the model (None: no LoRA): every Linear layer
+            that ``lora_targets`` names gets a frozen weight plus a trainable update ``(lora_alpha / rank) B A``,
+            and everything else is frozen but the head (see `labkit.techniques.lora`).
+        lora_alpha: the LoRA update's scale is ``lora_alpha / lora_rank``.
+        lora_targets: the Linear layers LoRA adapts: name suffixes (``["qkv"]`` on ``tiny_vit``) or
+            ``"all-linear"`` (every Linear but the head's).
+        lora_dropout: dropout on the LoRA path's input.
         seed: seeds data order, initialisation and augmentation.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         pretrained: start from pretrained weights (ImageNet online, labkit's own checkpoints offline).
@@ -78,6 +87,10 @@ class RunConfig:
     grad_clip: float | None = None
     checkpointing: bool | int = False
     freeze: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] | str = LORA_ALL_LINEAR
+    lora_dropout: float = 0.0
     seed: int = 0
     device: str = "auto"
     pretrained: bool = True
@@ -150,6 +163,33 @@ class RunConfig:
         if self.freeze is not None and self.freeze not in FREEZE_LEVELS:
             raise ConfigError("freeze", self.freeze, f"None or one of {list(FREEZE_LEVELS)} ('head_only': only the "
                                                      "head trains)")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        targets = self.lora_targets
+        if isinstance(targets, (list, tuple)):  # YAML gives a list; a frozen config keeps a tuple
+            targets = tuple(targets)
+            object.__setattr__(self, "lora_targets", targets)
+            if not targets or not all(isinstance(t, str) and t for t in targets):
+                raise ConfigError("lora_targets", list(targets), "a non-empty list of Linear-layer name suffixes "
+                                                                 f"(e.g. ['qkv']) or {LORA_ALL_LINEAR!r}")
+        elif not isinstance(targets, str) or not targets:
+            raise ConfigError("lora_targets", targets, f"a Linear-layer name suffix, a list of them, or {LORA_ALL_LINEAR!r}")
+        if self.lora_rank is None:
+            for name, default in LORA_DEFAULTS.items():
+                if getattr(self, name) != default:
+                    raise ConfigError(name, getattr(self, name), f"{default!r} (the default) unless lora_rank is set",
+                                      "without lora_rank there are no LoRA adapters for it to change")
+            return
+        if not is_int(self.lora_rank) or self.lora_rank < 1:
+            raise ConfigError("lora_rank", self.lora_rank, "None (no LoRA) or a positive integer (1, 2, 4, 8, ...)")
+        if not is_number(self.lora_alpha) or not self.lora_alpha > 0:
+            raise ConfigError("lora_alpha", self.lora_alpha, "a number > 0 (the update is scaled by lora_alpha / lora_rank)")
+        if not is_number(self.lora_dropout) or not 0 <= self.lora_dropout < 1:
+            raise ConfigError("lora_dropout", self.lora_dropout, "a number in [0, 1)")
+        if self.freeze not in (None, "none"):
+            raise ConfigError("freeze", self.freeze, "None when lora_rank is set",
+                              "LoRA already freezes everything but its adapters and the head")
 
     def replace(self, **changes) -> RunConfig:
         """A copy with ``changes`` applied (and validated). Unknown names raise `ConfigError`."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -21,7 +21,20 @@ from .train import emulated_step_limit, total_steps
 
 # The fields that change the cost of a sample: a cached run is a basis only when these match.
 COST_FIELDS = ("model", "dataset", "image_size", "precision", "tf32", "channels_last", "checkpointing",
-               "optimizer", "freeze", "grad_accum", "device")
+               "optimizer", "freeze", "lora_rank", "lora_targets", "grad_accum", "device")
+
+
+_DEFAULTS = {f.name: f.default for f in fields(RunConfig)}  # what a run cached before a field existed had
+
+
+def _cost_value(name: str, value):
+    """A cost field as it decides the cost: LoRA or not (the rank hardly matters), targets as a tuple whether
+    written as one name, a list (a cached run's JSON) or a tuple."""
+    if name == "lora_rank":
+        return value is not None
+    if name == "lora_targets":
+        return (value,) if isinstance(value, str) else tuple(value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -89,9 +102,12 @@ def _closest_cached_run(cfg: RunConfig, hardware: str) -> dict | None:
         config = record.get("config") or {}
         if record.get("error") or not record.get("train_time_s") or not record.get("steps"):
             continue
-        if hardware_key(record.get("env") or {}) != hardware or any(config.get(k) != wanted[k] for k in COST_FIELDS):
+        if hardware_key(record.get("env") or {}) != hardware or any(
+                _cost_value(k, config.get(k, _DEFAULTS[k])) != _cost_value(k, wanted[k]) for k in COST_FIELDS):
             continue
         distance = abs(math.log(config["batch_size"] / cfg.batch_size))  # the nearest batch size scales best
+        if cfg.lora_rank is not None:  # then the nearest rank
+            distance += abs(math.log(config["lora_rank"] / cfg.lora_rank))
         if distance < best_distance:
             best, best_distance = record, distance
     return best

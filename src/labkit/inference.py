@@ -52,12 +52,15 @@ def example_batch(cfg: RunConfig, batch_size: int = LATENCY_BATCH, device=None) 
     return data.to_model_input(images, test, device, cfg.channels_last, cfg.image_size)
 
 
-LATENCY_ROUNDS = 3
+# Rounds of timing, every other one in reverse order: a model timed first in a round tends to run a few percent
+# faster than one timed later (caches, clocks), so each model takes each place equally often.
+LATENCY_ROUNDS = 4
 
 
 def latencies(models: list[nn.Module], x: torch.Tensor, prof: Profile | None = None, cpu: bool = False) -> list[float]:
     """Median inference latency of each model on ``x``, measured in turns (a few calls of each, round after round),
-    so that a slow spell of the machine (another process, a clock change) hits every model alike.
+    so that a slow spell of the machine (another process, a clock change) hits every model alike; every other
+    round runs in reverse order, so that no model gains from its place in the round.
 
     Args:
         models: the models to compare. x: the batch (on the device they run on).
@@ -74,9 +77,10 @@ def latencies(models: list[nn.Module], x: torch.Tensor, prof: Profile | None = N
     times: list[list[float]] = [[] for _ in models]
     for model in models:  # warm-up, untimed
         measure.measure_latency(model, x, warmup=warmup, repeats=1)
-    for _ in range(LATENCY_ROUNDS):
-        for model, collected in zip(models, times, strict=True):
-            collected += measure.measure_latency(model, x, warmup=0, repeats=calls).times_s
+    order = list(range(len(models)))
+    for round_index in range(LATENCY_ROUNDS):
+        for i in order if round_index % 2 == 0 else order[::-1]:
+            times[i] += measure.measure_latency(models[i], x, warmup=0, repeats=calls).times_s
     return [statistics.median(t) for t in times]
 
 

@@ -509,10 +509,16 @@ def model_size_bytes(model: torch.nn.Module) -> int:
     return buffer.tell()
 
 
+def _weights_in(p: torch.Tensor) -> int:
+    # bitsandbytes packs two 4-bit weights into a byte and keeps the real shape in the tensor's quant_state
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    return math.prod(shape) if shape is not None else p.numel()
+
+
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
-    """(total, trainable) parameter counts."""
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    """(total, trainable) parameter counts; a 4-bit weight counts its real number of weights."""
+    total = sum(_weights_in(p) for p in model.parameters())
+    trainable = sum(_weights_in(p) for p in model.parameters() if p.requires_grad)
     return total, trainable
 
 

@@ -24,9 +24,7 @@ from .messages import note
 from .models import checkpoint_dir
 from .project import __version__
 from .result import MEMORY_CATEGORIES, RunResult
-from .techniques.checkpointing import apply_checkpointing
-from .techniques.freezing import freeze
-from .train import fit, run_splits
+from .train import fit, prepare_model, run_splits
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
 METRIC_COLUMNS = (
@@ -42,7 +40,7 @@ def results_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def _code_fingerprint() -> str:
+def code_fingerprint() -> str:
     """A hash of labkit's own source and shipped checkpoints: a code change invalidates cached runs."""
     package = Path(__file__).parent
     digest = hashlib.sha256(__version__.encode())
@@ -55,7 +53,7 @@ def cache_key(cfg: RunConfig, env: dict) -> str:
     """A run is reusable when the config, the hardware, torch/torchvision, the profile, whether labkit may
     download (which decides the starting weights) and labkit's code all match."""
     blob = json.dumps({"config": cfg.to_dict(), "hardware": hardware_key(env), "torchvision": env.get("torchvision"),
-                       "online": is_online(), "checkpoints": str(checkpoint_dir()), "code": _code_fingerprint()},
+                       "online": is_online(), "checkpoints": str(checkpoint_dir()), "code": code_fingerprint()},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -122,11 +120,8 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True) -
             pass  # unreadable: train again
         else:
             model = models.build(cfg.model, run_splits(cfg, training=False)["train"].num_classes, pretrained=False)[0]
+            prepare_model(model, cfg)  # the run's LoRA layers (their weights are in the state), checkpointing, freezing
             model.load_state_dict(state)
-            if cfg.checkpointing is not False:
-                apply_checkpointing(model, cfg.checkpointing)
-            if cfg.freeze not in (None, "none"):
-                freeze(model, cfg.freeze)
             memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
             model = model.to(resolve_device(cfg.device), memory_format=memory_format).train()
             for message in result.warnings:

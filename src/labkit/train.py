@@ -27,6 +27,7 @@ from .techniques import distributed
 from .techniques.accumulation import sync_context
 from .techniques.checkpointing import apply_checkpointing
 from .techniques.freezing import freeze
+from .techniques.lora import add_lora, lora_layers
 from .techniques.optimizers import build_optimizer, warmup_lr
 from .techniques.precision import autocast, grad_scaler, resolve_precision
 
@@ -117,6 +118,29 @@ def _given_weights(model: torch.nn.Module, cfg: RunConfig) -> models.WeightsInfo
     return models.WeightsInfo("given")
 
 
+def prepare_model(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
+    """What ``cfg``'s technique fields do to a model before training: LoRA adapters, checkpointing, freezing.
+
+    A model that already has LoRA layers (e.g. QLoRA's 4-bit base, built by hand) keeps them; ``cfg.lora_rank``
+    must then be None or their rank.
+    """
+    if cfg.lora_rank is not None:
+        existing = {layer.rank for layer in lora_layers(model).values()}
+        if existing and existing != {cfg.lora_rank}:
+            raise ConfigError("lora_rank", cfg.lora_rank,
+                              f"None or {sorted(existing)}: the given model already has LoRA layers of that rank")
+        if not existing:
+            try:
+                add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lora_dropout)
+            except ConfigError as error:  # name the config field the learner set
+                raise ConfigError(f"lora_{error.field}", error.value, error.allowed) from None
+    if cfg.checkpointing is not False:
+        apply_checkpointing(model, cfg.checkpointing)
+    if cfg.freeze not in (None, "none"):
+        freeze(model, cfg.freeze)
+    return model
+
+
 class Trainer:
     """Everything one run needs, set up from a `RunConfig`: data, model, optimizer, precision, one step.
 
@@ -185,10 +209,7 @@ class Trainer:
                               f"{cfg.model} has BatchNorm, which needs more than one value per channel")
         if self.weights.warning:
             self.warnings.append(self.weights.warning)
-        if cfg.checkpointing is not False:
-            apply_checkpointing(model, cfg.checkpointing)
-        if cfg.freeze not in (None, "none"):  # before the optimizer, which takes the parameters left to train
-            freeze(model, cfg.freeze)
+        prepare_model(model, cfg)  # before the optimizer, which takes the parameters left to train
         memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(self.device, memory_format=memory_format)
         self.sampler = self.allreduce_counter = None
