@@ -631,3 +631,46 @@ register(Exercise(
     rel_tol=0.01,
     diagnose=_ring_hint,
 ))
+
+
+def _count_hint(value: float, expected: float) -> str | None:
+    """08.own_count: recognise scaling the whole count with the rank (the head does not grow)."""
+    if value > expected:
+        return "did you scale the whole count with the rank? The head's parameters train at every rank and do not grow"
+    return "did you leave out the head's parameters? They train at every rank"
+
+
+register(Exercise(
+    name="08.own_count",
+    template=("In your sweep, LoRA on qkv trained {trainable_low} parameters at rank {rank_low} and {trainable_high} at "
+              "rank {rank_high}. How many will it train at rank {rank_new}?"),
+    numbers={"rank_low": 2, "trainable_low": 5_642, "rank_high": 16, "trainable_high": 34_314, "rank_new": 32},
+    solution="trainable_low + (trainable_high - trainable_low) / (rank_high - rank_low) * (rank_new - rank_low)",
+    hint=("the adapters grow linearly with the rank (rank x (in + out) per layer); the head's parameters do not "
+          "grow: find the count per rank from your two rows, then add it for the missing ranks"),
+    rel_tol=0.005,
+    diagnose=_count_hint,
+    from_run=("rank_low", "trainable_low", "rank_high", "trainable_high", "rank_new"),
+))
+
+
+def _adam_state_hint(value: float, expected: float) -> str | None:
+    """08.adam_state: recognise counting only q or v, only one AdamW state, or bytes of 2 instead of 4."""
+    for factor, slip in ((2, "half the answer: count both projections (q and v) and both AdamW states (m and v)"),
+                         (4, "a quarter of the answer: count both projections and both AdamW states")):
+        if math.isclose(value * factor, expected, rel_tol=0.02):
+            return f"{slip}, 4 bytes each in float32"
+    return _unit_slip(value, expected)
+
+
+register(Exercise(
+    name="08.adam_state",
+    template=("A {layers}-layer LLaMA-style model of hidden size {hidden} gets LoRA of rank {rank} on its q and v "
+              "projections (each hidden x hidden). AdamW keeps two float32 states per trainable parameter. How many "
+              "MB (1e6 bytes) of optimizer state do the adapters need? (Full fine-tuning of its 7e9 parameters: 56,000 MB.)"),
+    numbers={"layers": 32, "hidden": 4096, "rank": 8},
+    solution="layers * 2 * rank * (hidden + hidden) * 2 * 4 / 1e6",
+    hint="per layer 2 projections x rank x (in + out) parameters; times 2 states x 4 bytes; divide by 1e6",
+    rel_tol=0.01,
+    diagnose=_adam_state_hint,
+))

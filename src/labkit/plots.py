@@ -96,6 +96,13 @@ METRICS: dict[str, Metric] = {
     "efficiency": Metric("scaling efficiency T1 / (N x TN)", "%", 100.0),
     "comm_share": Metric("all-reduce share of a step", "%", 100.0),
     "allreduces_per_step": Metric("gradient all-reduces per step", "buckets", 1.0),
+    # LoRA (notebook 08)
+    "lora_rank": Metric("LoRA rank", "", 1.0),
+    "rank": Metric("LoRA rank", "", 1.0),
+    "trainable_share": Metric("trainable share of the parameters", "%", 100.0),
+    "base_weight_bytes": Metric("frozen Linear weights", "MiB", 1 / MiB),
+    "vs_base": Metric("latency against the base model", "x", 1.0),
+    "max_output_diff": Metric("largest output difference", "", 1.0),
     **{f"mem_{c}_bytes": Metric(f"memory: {c.replace('_', ' ')}", "MiB", 1 / MiB) for c in MEMORY_CATEGORIES},
 }
 

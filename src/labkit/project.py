@@ -10,7 +10,8 @@ REPO_URL = f"https://github.com/{REPO}"
 
 
 # Extras a notebook needs beyond the base install (pyproject's optional-dependencies).
-NOTEBOOK_EXTRAS = {"03_memory_savers.ipynb": ("memory",), "06_quantization.ipynb": ("quant",)}
+NOTEBOOK_EXTRAS = {"03_memory_savers.ipynb": ("memory",), "06_quantization.ipynb": ("quant",),
+                   "08_lora.ipynb": ("lora", "memory")}
 
 
 def install_spec(notebook: str | None = None) -> str:

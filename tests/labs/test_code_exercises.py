@@ -12,7 +12,8 @@ from labkit import exercises
 from labkit.exercises import WrongAnswer, check
 from labkit.labs import code_exercises
 
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel", "07.shard"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel", "07.shard",
+        "08.lora_forward"]
 
 
 @pytest.mark.parametrize("name", CODE)
@@ -236,3 +237,15 @@ def _shard(contiguous=False, fixed_epoch=False, no_shuffle=False):
 def test_shard_mistakes_are_named(mistake, hint):
     with pytest.raises(WrongAnswer, match=hint):
         check("07.shard", mistake)
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (lambda x, w, b, A, B, alpha: torch.nn.functional.linear(x, w, b), "the frozen layer's alone"),
+    (lambda x, w, b, A, B, alpha: torch.nn.functional.linear(x, w, b) + x @ A.T @ B.T, "the update is unscaled"),
+    (lambda x, w, b, A, B, alpha: torch.nn.functional.linear(x, w, b) + x @ A.T @ B.T * alpha * A.shape[0],
+     "scaled by alpha x rank"),
+    (lambda x, w, b, A, B, alpha: torch.nn.functional.linear(x, w, b) + x @ A @ B, r"x @ A.T is \(..., rank\)"),
+])
+def test_lora_forward_mistakes_are_named(mistake, hint):
+    with pytest.raises(WrongAnswer, match=hint):
+        check("08.lora_forward", mistake)

@@ -22,7 +22,7 @@ from ..config import RunConfig
 from ..env import env_report, resolve_device
 from ..equivalence import compare_step
 from ..exercises import CodeExercise, WrongAnswer
-from ..techniques import freezing, pruning, quantization
+from ..techniques import freezing, lora, pruning, quantization
 from ..train import run_splits
 from .batch_size import without_batchnorm
 from .memory_savers import activation_peak, mlp_blocks
@@ -517,4 +517,61 @@ exercises.register(CodeExercise(
           "set_epoch(epoch). Every rank draws the same permutation (same seed), so the ranks' shares never overlap."),
     checker=_check_shard,
     reference=shard_solution,
+))
+
+
+# --- 08: LoRA's forward pass -------------------------------------------------------------------------------
+
+
+def lora_forward_solution(x, weight, bias, lora_A, lora_B, alpha):
+    """The LoRA layer's output: the frozen layer plus the scaled low-rank update, as two thin matmuls."""
+    rank = lora_A.shape[0]
+    return F.linear(x, weight, bias) + (x @ lora_A.T @ lora_B.T) * (alpha / rank)
+
+
+_LORA_CASES = ((128, 384, 8, 16.0), (64, 64, 1, 8.0), (96, 32, 4, 12.0), (20, 50, 16, 32.0))  # alpha / rank never 1
+
+
+def _check_lora_forward(forward) -> str:
+    for in_features, out_features, rank, alpha in _LORA_CASES:
+        torch.manual_seed(in_features + rank)
+        layer = lora.LoRALinear(torch.nn.Linear(in_features, out_features), rank, alpha)
+        torch.nn.init.normal_(layer.lora_B, std=0.5)  # as after training (a zero B would hide the update)
+        x = torch.randn(2, 5, in_features)
+        args = (layer.base.weight.detach(), layer.base.bias.detach(), layer.lora_A.detach(), layer.lora_B.detach())
+        with torch.no_grad():
+            expected = layer(x)
+            try:
+                got = torch.as_tensor(forward(x.clone(), *[a.clone() for a in args], alpha))
+            except NotImplementedError:
+                raise  # not attempted yet
+            except RuntimeError as error:
+                raise WrongAnswer(f"08.lora_forward: {str(error).splitlines()[0]} (in={in_features}, out={out_features}, "
+                                  f"rank={rank}). Hint: x @ A.T is (..., rank), then @ B.T is (..., out)") from None
+            if got.shape != expected.shape:
+                raise WrongAnswer(f"08.lora_forward: output shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
+            base = F.linear(x, args[0], args[1])
+            update = expected - base
+            if torch.allclose(got, base, atol=1e-4):
+                raise WrongAnswer("08.lora_forward: your output is the frozen layer's alone; add the update "
+                                  "(alpha / rank) * B A x")
+            if torch.allclose(got, base + update * rank / alpha, atol=1e-4):
+                raise WrongAnswer("08.lora_forward: the update is unscaled; multiply it by alpha / rank "
+                                  "(rank = lora_A.shape[0])")
+            if rank != 1 and torch.allclose(got, base + update * rank * rank, atol=1e-4):
+                raise WrongAnswer("08.lora_forward: the update is scaled by alpha x rank; LoRA scales by alpha / rank")
+            if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
+                raise WrongAnswer(f"08.lora_forward: for in={in_features}, out={out_features}, rank={rank}, alpha={alpha:g} "
+                                  f"your output differs from LoRALinear's by up to {float((got - expected).abs().max()):.3g}")
+    return ("Your forward equals labkit's LoRALinear on four shapes and ranks: W x + b + (alpha / rank) B A x, "
+            "with the update as two thin matmuls.")
+
+
+exercises.register(CodeExercise(
+    name="08.lora_forward",
+    task=("Complete lora_forward(x, weight, bias, lora_A, lora_B, alpha) below: the output of a LoRA layer whose "
+          "frozen Linear has weight (out, in) and bias (out,), with lora_A (rank, in) and lora_B (out, rank). "
+          "x is (..., in); return (..., out). The update is scaled by alpha / rank."),
+    checker=_check_lora_forward,
+    reference=lora_forward_solution,
 ))
