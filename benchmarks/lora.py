@@ -65,7 +65,7 @@ def main() -> None:
               f"adapters alone {adapters / total:.2%}); AdamW state {state / 2**20:.2f} MiB against "
               f"{full_state / 2**20:.1f} MiB in full ({state / full_state:.2%})")
     cfg = lab.workload()
-    rounds = [lab.merge_comparison(cfg, rank=8) for _ in range(args.repeats)]
+    rounds = [lab.merge_comparison(cfg, rank=8, refresh=True) for _ in range(args.repeats)]
     for setup in rounds[0].setup:
         ratios = [r.set_index("setup").loc[setup, "vs_base"] for r in rounds]
         print(f"{setup}: median {statistics.median(ratios):.3f}x the base model's CPU latency "

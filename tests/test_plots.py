@@ -246,6 +246,14 @@ def test_an_empty_reference_draws_nothing_whatever_its_columns(df):
     assert {line.get_linestyle() for line in ax.lines} == {"-"}
 
 
+def test_lines_put_chosen_metrics_on_a_log_axis(df):
+    axes = plots.lines(df, x="batch_size", ys=["step_time_s", "peak_memory_bytes"], logy=["peak_memory_bytes"])
+    assert [ax.get_yscale() for ax in axes[:2]] == ["linear", "log"]
+    with pytest.raises(ConfigError, match="logy='accuracy' is not allowed: one of the charted metrics"):
+        plots.lines(df, x="batch_size", ys=["step_time_s"], logy=["accuracy"])
+    plt.close("all")
+
+
 def test_lines_draws_one_chart_per_metric(df):
     axes = plots.lines(df, x="batch_size", ys=["step_time_s", "peak_memory_bytes", "accuracy", "step_time_s"],
                        hue="precision")

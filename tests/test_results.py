@@ -198,3 +198,25 @@ def test_cached_record_computes_once(monkeypatch, tmp_path):
     assert results.cached_record("abc-inference", compute, refresh=True) == {"latency_s": 1.0}
     (results.results_dir() / "abc-inference.json").write_text("{not json")
     assert results.cached_record("abc-inference", compute) == {"latency_s": 1.5}
+
+
+def test_cached_frame_measures_once_per_configs_and_params(tmp_path, monkeypatch, tiny_cfg):
+    import math
+
+    monkeypatch.setattr(results, "results_dir", lambda: tmp_path)
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return pd.DataFrame({"method": ["fp32", "int8"], "latency_s": [0.0123456789012345, math.nan],
+                             "reason": [None, "no kernel"], "ran": [True, False]})
+
+    first = results.cached_frame("demo", [tiny_cfg], measure, methods=["fp32", "int8"])
+    again = results.cached_frame("demo", [tiny_cfg], measure, methods=["fp32", "int8"])
+    assert len(calls) == 1 and again.latency_s.iloc[0] == first.latency_s.iloc[0] == pytest.approx(0.0123456789012345, rel=1e-13)
+    assert math.isnan(again.latency_s.iloc[1]) and again.reason.isna().tolist() == [True, False]
+    assert again.ran.tolist() == [True, False] and list(again.columns) == list(first.columns)
+    results.cached_frame("demo", [tiny_cfg], measure, methods=["fp32"])  # other params: measured again
+    results.cached_frame("demo", [tiny_cfg.replace(seed=1)], measure, methods=["fp32", "int8"])  # another config
+    results.cached_frame("demo", [tiny_cfg], measure, refresh=True, methods=["fp32", "int8"])
+    assert len(calls) == 4

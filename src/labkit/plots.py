@@ -193,8 +193,9 @@ def bars(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.Dat
 
 
 def lines(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.DataFrame | None = None,
-          logx: bool = False):
-    """One `line` chart per metric in ``ys``, two to a row (so that the text stays readable).
+          logx: bool = False, logy=()):
+    """One `line` chart per metric in ``ys``, two to a row (so that the text stays readable); the metrics in
+    ``logy`` get a logarithmic y axis (values that span orders of magnitude, such as parameter counts).
 
     Example:
         >>> axes = plots.lines(df, x="batch_size", ys=["epoch_time_s", "peak_memory_bytes"], logx=True)
@@ -203,14 +204,17 @@ def lines(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.Da
     if not ys:
         raise ConfigError("ys", ys, "a non-empty list of metric columns, e.g. ['throughput', 'peak_memory_bytes']")
     fig, flat = grid(len(ys))
+    unknown = [c for c in logy if c not in ys]
+    if unknown:
+        raise ConfigError("logy", unknown[0], f"one of the charted metrics {ys}")
     for ax, column in zip(flat, ys, strict=True):
-        line(df, x=x, y=column, hue=hue, reference=reference, ax=ax, logx=logx)
+        line(df, x=x, y=column, hue=hue, reference=reference, ax=ax, logx=logx, logy=column in logy)
     fig.tight_layout()
     return flat
 
 
 def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.DataFrame | None = None,
-         ax=None, title: str | None = None, logx: bool = False):
+         ax=None, title: str | None = None, logx: bool = False, logy: bool = False):
     """Metric ``y`` against a numeric column ``x`` (e.g. batch size), one line per ``hue`` value.
 
     Rows with an ``error`` or no value are skipped and counted in the title; duplicates are reduced
@@ -223,6 +227,7 @@ def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd
         reference: results in the same shape measured elsewhere, drawn dashed in the same colours.
         ax: the Axes to draw on (default: a new figure). title: overrides the default title.
         logx: logarithmic x axis (base 2 when every x is a power of two, as batch sizes usually are).
+        logy: logarithmic y axis.
 
     Returns:
         The matplotlib Axes.
@@ -241,6 +246,8 @@ def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd
     if logx:
         powers_of_two = all(float(v).is_integer() and v > 0 and (int(v) & (int(v) - 1)) == 0 for v in x_values)
         ax.set_xscale("log", base=2 if powers_of_two else 10)
+    if logy:
+        ax.set_yscale("log")
     shown = [v * mx.scale for v in x_values]
     if shown and len(shown) <= 12 and _spaced(shown, log=logx):
         ax.set_xticks(shown)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -233,6 +234,23 @@ def cached_record(key: str, compute: Callable[[], dict], refresh: bool = False) 
     record = compute()
     write_json_atomic(path, record)
     return record
+
+
+def cached_frame(name: str, cfgs: Iterable[RunConfig], compute: Callable[[], pd.DataFrame], refresh: bool = False,
+                 **params) -> pd.DataFrame:
+    """A measured table (latencies, accuracies of quantized models...) computed once per configs, hardware, code and
+    ``params``, then read from the cache like a training run (``refresh=True`` measures again).
+
+    Example:
+        >>> table = cached_frame("quant-compare", [cfg], lambda: measure_everything(cfg), methods=["fp32"])
+    """
+    cfgs = list(cfgs)
+    keys = [cache_key(cfg, env_report(cfg.device)) for cfg in cfgs]
+    blob = json.dumps({"keys": keys, "params": params}, sort_keys=True, default=str)
+    key = f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:20]}"
+    record = cached_record(key, lambda: {"frame": compute().to_json(orient="split", double_precision=15)},
+                           refresh=refresh)
+    return pd.read_json(io.StringIO(record["frame"]), orient="split", dtype=False)
 
 
 def _free_cuda_memory() -> None:

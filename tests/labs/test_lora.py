@@ -156,3 +156,20 @@ def test_the_small_transformers_vit_holds_tiny_vits_blocks():
             out = out[0] if isinstance(out, tuple) else out
             tokens = ours.get_submodule(f"block{i + 1}")(tokens)
             assert torch.allclose(out, tokens, atol=1e-5), i
+
+
+def test_display_tables_and_the_chart_frame():
+    import math
+
+    import pandas as pd
+    frame = pd.DataFrame({"setup": ["full fine-tune", "head only", "LoRA qkv r2", "LoRA qkv r8"],
+                          "method": ["full fine-tune", "head only", "LoRA", "LoRA"], "rank": [0, 0, 2, 8],
+                          "targets": ["-", "-", "qkv", "qkv"], "accuracy": [0.8, 0.5, 0.7, 0.75]})
+    chart = lab.sweep_chart_frame(frame)
+    assert sorted(chart.targets.unique()) == ["full fine-tune", "head only", "qkv"]
+    assert chart[chart.targets == "full fine-tune"]["rank"].tolist() == [2, 8]  # flat across the LoRA ranks
+    merged = pd.DataFrame({"setup": ["a", "b"], "latency_s": [0.01, 0.02], "vs_base": [1.0, 2.0],
+                           "max_output_diff": [math.nan, 1e-6], "lora_layers": [0, 4]})
+    assert lab.merge_table(merged)["largest output difference"].tolist() == ["-", "1.0e-06"]
+    refused = pd.DataFrame({"setup": ["bf16 base", lab.NF4], "error": [None, "no bitsandbytes"]})
+    assert list(lab.qlora_table(refused).columns) == ["setup", "error"]

@@ -394,6 +394,16 @@ def sweep_table(frame: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
+def sweep_chart_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's LoRA rows, plus full fine-tuning and head-only drawn flat across the LoRA ranks (each one run,
+    repeated at every rank so that it shows as a line to compare with), ``targets`` naming each line."""
+    lora = frame[frame.method == "LoRA"]
+    ranks = sorted(lora["rank"].unique())
+    flat = [frame[frame.method == method].iloc[[0] * len(ranks)].assign(rank=ranks, targets=method)
+            for method in ("full fine-tune", "head only") if (frame.method == method).any()]
+    return pd.concat([lora, *flat], ignore_index=True)
+
+
 def _row(frame: pd.DataFrame, setup: str) -> pd.Series:
     return frame.set_index("setup").loc[setup]
 
@@ -610,6 +620,9 @@ def _base_linear_bytes(model: nn.Module) -> int:
 
 
 NF4 = "NF4 base (QLoRA)"
+# bits per weight of NF4 with double quantization: 4-bit codes, an 8-bit scale per block of 64, a float32 scale per
+# 256 of those (QLoRA's recipe and bitsandbytes' default)
+NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 NF4_FLOAT32 = "NF4 base, float32 out"
 
 
@@ -654,8 +667,8 @@ def qlora_comparison(cfg: RunConfig, rank: int = 8, refresh: bool = False) -> pd
     fewest = prof.warmup_steps + train.PROFILING_STEPS + 2  # a few timed steps after the untimed ones
     steps = max(fewest, math.ceil((cfg.max_steps or prof.max_steps) * QLORA_STEP_SHARE))
     run_cfg = cfg.replace(precision="bf16", lr=LORA_LR, max_steps=steps, epochs=1)
-    key = f"{results.cache_key(run_cfg, env_report(cfg.device))}-qlora-r{rank}"
-    return pd.DataFrame(results.cached_record(key, lambda: {"rows": _qlora_rows(run_cfg, rank)}, refresh=refresh)["rows"])
+    return results.cached_frame("lora-qlora", [run_cfg], lambda: pd.DataFrame(_qlora_rows(run_cfg, rank)),
+                                refresh=refresh, rank=rank)
 
 
 def _qlora_rows(cfg: RunConfig, rank: int) -> list[dict]:
@@ -675,7 +688,17 @@ def _qlora_rows(cfg: RunConfig, rank: int) -> list[dict]:
     return rows
 
 
-@worded
+def qlora_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """`qlora_comparison`'s columns in display units (MiB, ms, %)."""
+    if "base_weight_bytes" not in frame:  # NF4 did not run here: the setups and why
+        return frame[["setup", "error"]]
+    return pd.DataFrame({"setup": frame.setup, "frozen Linear MiB": (frame.base_weight_bytes / 2**20).round(2),
+                         "activations MiB": (frame.mem_activations_bytes / 2**20).round(1),
+                         "peak MiB": (frame.peak_memory_bytes / 2**20).round(1),
+                         "step ms": (frame.step_time_s * 1e3).round(1), "accuracy %": (frame.accuracy * 100).round(1),
+                         "error": frame.error.fillna("")})
+
+
 @worded
 def qlora_finding(frame: pd.DataFrame) -> str:
     """What the 4-bit base saved and cost here, and what its float32 outputs cost; or why it did not run."""
@@ -687,8 +710,8 @@ def qlora_finding(frame: pd.DataFrame) -> str:
     saved = bf16.peak_memory_bytes - nf4.peak_memory_bytes
     weights_saved = bf16.base_weight_bytes - nf4.base_weight_bytes
     lines = [f"The frozen Linear weights: {mib(bf16.base_weight_bytes)} in bf16, {mib(nf4.base_weight_bytes)} in NF4 "
-             f"with its block scales ({share:.0%}); at 7 B parameters that is {7e9 * 2 / 1e9:.0f} GB -> "
-             f"{7e9 * 2 * share / 1e9:.1f} GB.",
+             f"with its block scales ({share:.0%}; each layer also keeps a small fixed table); at 7 B parameters: "
+             f"{7e9 * 2 / 1e9:.0f} GB in bf16, {7e9 * NF4_BITS / 8 / 1e9:.1f} GB in NF4 ({NF4_BITS:.3f} bits a weight).",
              f"Peak training memory: {mib(bf16.peak_memory_bytes)} -> {mib(nf4.peak_memory_bytes)} "
              f"({nf4.peak_memory_bytes / bf16.peak_memory_bytes:.2f}x): "
              + (f"{mib(saved)} less, of which the weights were {mib(weights_saved)}; the activations "
@@ -705,11 +728,16 @@ def qlora_finding(frame: pd.DataFrame) -> str:
 # --- 7. merged against unmerged inference -------------------------------------------------------------------
 
 
-def merge_comparison(cfg: RunConfig, rank: int = MERGE_RANK, targets="qkv") -> pd.DataFrame:
+def merge_comparison(cfg: RunConfig, rank: int = MERGE_RANK, targets="qkv", refresh: bool = False) -> pd.DataFrame:
     """The fine-tuned LoRA model (`lora_config`, cached) unmerged and merged (`merge_and_unload`), against the plain
-    base model: CPU latency at batch 64 (timed in turns) and the largest output difference from the unmerged model.
+    base model (timed first and again last: the machine's noise): CPU latency at batch 64 (timed in turns) and the
+    largest output difference from the unmerged model. Measured once, then read from the cache.
     """
     lora_cfg = lora_config(cfg, rank, targets)
+    return results.cached_frame("lora-merge", [lora_cfg], lambda: _measure_merge(cfg, lora_cfg), refresh=refresh)
+
+
+def _measure_merge(cfg: RunConfig, lora_cfg: RunConfig) -> pd.DataFrame:
     trained, _ = results.cached_model(lora_cfg, progress=False)
     unmerged = copy.deepcopy(trained).cpu().eval()
     merged = merge_and_unload(copy.deepcopy(unmerged))
@@ -723,6 +751,13 @@ def merge_comparison(cfg: RunConfig, rank: int = MERGE_RANK, targets="qkv") -> p
     return pd.DataFrame({"setup": ["base model (no adapters)", "LoRA, unmerged", "LoRA, merged", "base model, timed again"],
                          "latency_s": times, "vs_base": [t / times[0] for t in times], "max_output_diff": diffs,
                          "lora_layers": [0, len(lora_layers(unmerged)), len(lora_layers(merged)), 0]})
+
+
+def merge_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """`merge_comparison`'s columns in display units."""
+    return pd.DataFrame({"setup": frame.setup, "latency ms": (frame.latency_s * 1e3).round(2),
+                         "vs base": frame.vs_base.round(3), "largest output difference": frame.max_output_diff.map(
+                             lambda d: "-" if math.isnan(d) else f"{d:.1e}"), "LoRA layers": frame.lora_layers})
 
 
 @worded

@@ -275,27 +275,7 @@ def _build(model: nn.Module, method: str, cfg: RunConfig, calibration) -> _Built
     return _Built(built, seconds)
 
 
-def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
-            num_calibration: int = CALIBRATION_BATCHES, progress: bool = True) -> pd.DataFrame:
-    """Every method on every model: one row per (model, method).
-
-    Columns: ``model``, ``method``, ``api``, ``ran`` (False: ``reason`` says why), ``model_size_bytes``,
-    ``size_vs_fp32``, ``cpu_latency_s`` (batch ``cpu_batch``: 64, or `CPU_BATCH_BESIDE_GPU` when the models live
-    on a GPU; timed in turns with the model's other methods),
-    ``cpu_speedup``, ``threads``, ``gpu_latency_s`` and ``gpu_speedup`` (NaN without a GPU or where the
-    method has no GPU kernel), ``test_accuracy`` (on the same first test images for every row, on the GPU
-    where the method runs there), ``accuracy_drop`` (points below fp32), ``quantize_s``, ``linear_share``.
-
-    Example:
-        >>> table = compare(); table.pivot(index="method", columns="model", values="size_vs_fp32")
-    """
-    cfgs = workloads() if cfgs is None else cfgs
-    unknown = [m for m in methods if m not in TABLE_METHODS]
-    if unknown:
-        raise ConfigError("methods", unknown, f"names from {list(TABLE_METHODS)}")
-    if not cfgs:
-        raise ConfigError("cfgs", cfgs, "a non-empty dict of model name -> RunConfig (e.g. workloads())")
-    methods = ("fp32", *(m for m in methods if m != "fp32"))  # the reference every ratio is taken against
+def _compare_rows(cfgs: dict[str, RunConfig], methods: tuple, num_calibration: int, progress: bool) -> pd.DataFrame:
     rows = []
     for name, cfg in cfgs.items():
         model, _ = fine_tuned(cfg, progress=progress)
@@ -331,10 +311,36 @@ def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
                 row["model_size_bytes"] = measure.model_size_bytes(built.model)
                 row["test_accuracy"] = _accuracy(built.model, cfg)
             rows.append(row)
-    table = pd.DataFrame(rows)
-    for column in ("model_size_bytes", "test_accuracy"):
-        if column not in table:
-            table[column] = math.nan
+    return pd.DataFrame(rows)
+
+
+def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
+            num_calibration: int = CALIBRATION_BATCHES, progress: bool = True, refresh: bool = False) -> pd.DataFrame:
+    """Every method on every model: one row per (model, method), measured once and then read from the cache
+    (``refresh=True`` measures again).
+
+    Columns: ``model``, ``method``, ``api``, ``ran`` (False: ``reason`` says why), ``model_size_bytes``,
+    ``size_vs_fp32``, ``cpu_latency_s`` (batch ``cpu_batch``: 64, or `CPU_BATCH_BESIDE_GPU` when the models live
+    on a GPU; timed in turns with the model's other methods),
+    ``cpu_speedup``, ``threads``, ``gpu_latency_s`` and ``gpu_speedup`` (NaN without a GPU or where the
+    method has no GPU kernel), ``test_accuracy`` (on the same first test images for every row, on the GPU
+    where the method runs there), ``accuracy_drop`` (points below fp32), ``quantize_s``, ``linear_share``.
+
+    Example:
+        >>> table = compare(); table.pivot(index="method", columns="model", values="size_vs_fp32")
+    """
+    cfgs = workloads() if cfgs is None else cfgs
+    unknown = [m for m in methods if m not in TABLE_METHODS]
+    if unknown:
+        raise ConfigError("methods", unknown, f"names from {list(TABLE_METHODS)}")
+    if not cfgs:
+        raise ConfigError("cfgs", cfgs, "a non-empty dict of model name -> RunConfig (e.g. workloads())")
+    methods = ("fp32", *(m for m in methods if m != "fp32"))  # the reference every ratio is taken against
+    table = results.cached_frame("quant-compare", cfgs.values(), lambda: _compare_rows(cfgs, methods, num_calibration,
+                                                                                      progress),
+                                 refresh=refresh, models=list(cfgs), methods=methods, num_calibration=num_calibration)
+    for column in ("model_size_bytes", "test_accuracy", "cpu_latency_s", "gpu_latency_s"):
+        table[column] = pd.to_numeric(table[column]) if column in table else math.nan  # a cached None is NaN
     fp32 = table[table.method == "fp32"].set_index("model")
     table["size_vs_fp32"] = table.model_size_bytes / table.model.map(fp32.model_size_bytes)
     table["cpu_speedup"] = table.model.map(fp32.cpu_latency_s) / table.cpu_latency_s
@@ -496,8 +502,8 @@ SIMULATED_CHOICES = {"all rounded": (), "first float": ("stem",), "last float": 
 
 
 def sensitivity(cfg: RunConfig, num_calibration: int = CALIBRATION_BATCHES,
-                bits: tuple[int, ...] = SIMULATED_BITS) -> pd.DataFrame:
-    """Which layers are sensitive, on the validation split.
+                bits: tuple[int, ...] = SIMULATED_BITS, refresh: bool = False) -> pd.DataFrame:
+    """Which layers are sensitive, on the validation split (measured once, then read from the cache).
 
     Two studies, one frame: static int8 (real kernels) with everything quantized and with the first, last and
     LayerNorm layers kept in float (`KEEP_FLOAT_CHOICES`); and each width in ``bits`` simulated on the weights
@@ -508,6 +514,14 @@ def sensitivity(cfg: RunConfig, num_calibration: int = CALIBRATION_BATCHES,
         ``val_accuracy``, ``accuracy_drop`` (validation points below fp32),
         and for the int8 rows ``model_size_bytes`` and ``cpu_latency_s``. The fp32 model is the first row.
     """
+    frame = results.cached_frame("quant-sensitivity", [cfg], lambda: _measure_sensitivity(cfg, num_calibration, bits),
+                                 refresh=refresh, num_calibration=num_calibration, bits=list(bits))
+    for column in ("model_size_bytes", "cpu_latency_s"):
+        frame[column] = pd.to_numeric(frame[column])
+    return frame
+
+
+def _measure_sensitivity(cfg: RunConfig, num_calibration: int, bits: tuple[int, ...]) -> pd.DataFrame:
     model, _ = fine_tuned(cfg, progress=False)
     model = copy.deepcopy(model).cpu().eval()
     names = dict(model.named_modules())
@@ -568,12 +582,20 @@ def sensitivity_finding(frame: pd.DataFrame, cfg: RunConfig) -> str:
 
 
 def qat_vs_ptq(cfg: RunConfig, steps: int | None = None, num_calibration: int = CALIBRATION_BATCHES,
-               progress: bool = False) -> pd.DataFrame:
+               progress: bool = False, refresh: bool = False) -> pd.DataFrame:
     """Three recipes from the same fine-tuned model: static int8 at once (PTQ); ``steps`` more float steps, then
     PTQ; ``steps`` quantization-aware steps, then int8 (the seed's recipe). Columns: ``recipe``, ``extra_steps``,
     ``extra_train_time_s``, ``step_time_s``, ``quantize_s`` (calibration and conversion, or conversion),
-    ``float_accuracy`` (before int8), ``test_accuracy`` (int8), ``accuracy_drop`` (below the fine-tuned fp32 model)."""
+    ``float_accuracy`` (before int8), ``test_accuracy`` (int8), ``accuracy_drop`` (below the fine-tuned fp32 model).
+    Measured once, then read from the cache (``refresh=True`` trains and measures again)."""
     steps = extra_steps(steps)
+    frame = results.cached_frame("quant-qat", [cfg], lambda: _measure_qat_vs_ptq(cfg, steps, num_calibration, progress),
+                                 refresh=refresh, steps=steps, num_calibration=num_calibration)
+    frame["step_time_s"] = pd.to_numeric(frame.step_time_s)
+    return frame
+
+
+def _measure_qat_vs_ptq(cfg: RunConfig, steps: int, num_calibration: int, progress: bool) -> pd.DataFrame:
     model, base = fine_tuned(cfg, progress=progress)
     calibration = calibration_batches(cfg, num_calibration)
 
