@@ -23,6 +23,9 @@ FREEZE_LEVELS = ("none", "light", "medium", "heavy", "head_only")
 LORA_ALL_LINEAR = "all-linear"  # every Linear layer but the head's (PEFT's name for it)
 LORA_DEFAULTS = {"lora_alpha": 16.0, "lora_targets": LORA_ALL_LINEAR, "lora_dropout": 0.0}
 DEVICES_HINT = "'auto', 'cpu', 'cuda' or 'cuda:N'"
+# `quantize`'s methods: the keys of `labkit.techniques.quantization.METHODS` (a test keeps the two equal).
+QUANTIZE_METHODS = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_dynamic_torchao", "int8_weight_only", "int8_static",
+                    "int4_weight_only", "int8_bnb", "nf4_bnb", "int4_simulated", "int3_simulated")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,16 @@ class RunConfig:
         lora_targets: the Linear layers LoRA adapts: name suffixes (``["qkv"]`` on ``tiny_vit``) or
             ``"all-linear"`` (every Linear but the head's).
         lora_dropout: dropout on the LoRA path's input.
+        prune_amount: after training, prune this share of every Conv/Linear weight by magnitude for inference
+            (None: no pruning). The pruned copy is scored and sized in ``RunResult.inference``; the trained model
+            itself is left alone.
+        prune_structured: remove that share of each convolution's output channels and rebuild the layers smaller
+            (`labkit.techniques.pruning.prune_channels`) instead of zeroing single weights.
+        quantize: after training (and pruning), quantize a copy for inference with this method (one of
+            `QUANTIZE_METHODS`, see `labkit.techniques.quantization`); ``RunResult.inference`` holds its
+            accuracy and serialised size. ``int8_static`` calibrates on training batches.
+        quantize_keep_float: module names (``"stem"``, ``"head"``) or layer types (``"LayerNorm"``) that
+            quantization leaves in float.
         seed: seeds data order, initialisation and augmentation.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         pretrained: start from pretrained weights (ImageNet online, labkit's own checkpoints offline).
@@ -91,6 +104,10 @@ class RunConfig:
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] | str = LORA_ALL_LINEAR
     lora_dropout: float = 0.0
+    prune_amount: float | None = None
+    prune_structured: bool = False
+    quantize: str | None = None
+    quantize_keep_float: tuple[str, ...] = ()
     seed: int = 0
     device: str = "auto"
     pretrained: bool = True
@@ -164,6 +181,28 @@ class RunConfig:
             raise ConfigError("freeze", self.freeze, f"None or one of {list(FREEZE_LEVELS)} ('head_only': only the "
                                                      "head trains)")
         self._check_lora()
+        self._check_inference()
+
+    def _check_inference(self) -> None:
+        """The fields that turn the trained model into the one deployed (pruned, quantized)."""
+        if self.prune_amount is not None and (not is_number(self.prune_amount) or not 0 < self.prune_amount < 1):
+            raise ConfigError("prune_amount", self.prune_amount, "None (no pruning) or a share in (0, 1), e.g. 0.5")
+        if not isinstance(self.prune_structured, bool):
+            raise ConfigError("prune_structured", self.prune_structured, "True or False")
+        if self.prune_structured and self.prune_amount is None:
+            raise ConfigError("prune_structured", self.prune_structured, "False (the default) unless prune_amount "
+                              "is set", "prune_amount says how many channels to remove")
+        if self.quantize is not None and self.quantize not in QUANTIZE_METHODS:
+            raise ConfigError("quantize", self.quantize, f"None (no quantization) or one of {list(QUANTIZE_METHODS)}")
+        keep = self.quantize_keep_float
+        if isinstance(keep, str):
+            keep = (keep,)
+        if not isinstance(keep, (list, tuple)) or not all(isinstance(k, str) and k for k in keep):
+            raise ConfigError("quantize_keep_float", keep, "a list of module names or layer types (e.g. ['head'])")
+        object.__setattr__(self, "quantize_keep_float", tuple(keep))
+        if keep and self.quantize is None:
+            raise ConfigError("quantize_keep_float", list(keep), "[] (the default) unless quantize is set",
+                              "without quantize nothing is quantized, so nothing is kept in float")
 
     def _check_lora(self) -> None:
         targets = self.lora_targets

@@ -40,6 +40,10 @@ class RunResult:
             ``backend``, ``weights_sha256`` (one per rank), ``ranks`` (each rank's own figures),
             ``bucket_cap_mb``, ``allreduce_bytes_per_step``; None for a run in one process. Step time,
             throughput, loss, FLOPs and accuracy are then the job's; peak memory is rank 0's.
+        inference: when the config prunes or quantizes for inference (``prune_amount``, ``quantize``), the
+            deployed copy's figures (`labkit.train.score_inference`): ``method`` (in words), ``accuracy`` (test),
+            ``size_bytes`` (serialised), ``nonzero_share`` (of the Conv/Linear weights, before quantization),
+            ``device``; ``accuracy`` and ``model_size_bytes`` above stay the trained float model's. None otherwise.
     """
 
     config: dict
@@ -73,6 +77,7 @@ class RunResult:
     warnings: list = field(default_factory=list)
     error: str | None = None
     distributed: dict | None = None
+    inference: dict | None = None
 
     model = None  # the trained model after `labkit.fit` (not serialised; None for cached or reference runs)
 

@@ -34,6 +34,8 @@ METRIC_COLUMNS = (
     "peak_flops", "mfu", "model_size_bytes", "num_params", "num_trainable_params", "weights",
 )
 
+INFERENCE_COLUMNS = ("method", "accuracy", "size_bytes", "nonzero_share")  # as inference_<name>: `RunResult.inference`
+
 
 def results_dir() -> Path:
     """Where finished runs are cached: ``<data cache>/results``."""
@@ -150,6 +152,8 @@ def to_row(result: RunResult, source: str = "live") -> dict:
         row[name] = getattr(result, name)
     for category in MEMORY_CATEGORIES:
         row[f"mem_{category}_bytes"] = result.memory.get(category)
+    for name in INFERENCE_COLUMNS:  # the deployed (pruned, quantized) copy's figures, when the config makes one
+        row[f"inference_{name}"] = (result.inference or {}).get(name)
     env = result.env
     row.update(
         device=env.get("device"), gpu=env.get("gpu"), torch=env.get("torch"), labkit=env.get("labkit"),

@@ -7,7 +7,9 @@ Instruments never run inside a timed step.
 
 from __future__ import annotations
 
+import copy
 import functools
+import itertools
 import math
 import os
 import time
@@ -30,8 +32,12 @@ from .techniques.freezing import freeze
 from .techniques.lora import add_lora, lora_layers
 from .techniques.optimizers import build_optimizer, warmup_lr
 from .techniques.precision import autocast, grad_scaler, resolve_precision
+from .techniques.pruning import l1_unstructured, prune_channels, sparsity
+from .techniques.quantization import METHODS as QUANTIZATION_METHODS
+from .techniques.quantization import quantize
 
 PROFILING_STEPS = 2  # one FLOP-counting step, one memory-tracking step
+CALIBRATION_BATCHES = 4  # training batches that fix static int8's activation ranges (`inference_model`)
 CHECK_LOSS_EVERY = 10  # reading the loss synchronises the GPU, so check it every few steps, not every step
 
 
@@ -139,6 +145,62 @@ def prepare_model(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
     if cfg.freeze not in (None, "none"):
         freeze(model, cfg.freeze)
     return model
+
+
+def exports(cfg: RunConfig) -> bool:
+    """Whether ``cfg`` turns the trained model into another one for inference (pruned and/or quantized)."""
+    return cfg.prune_amount is not None or cfg.quantize is not None
+
+
+def export_label(cfg: RunConfig) -> str:
+    """What ``cfg``'s inference fields do, in words: ``"50 % of weights zeroed + int8_static"``."""
+    parts = []
+    if cfg.prune_amount is not None:
+        what = "channels removed" if cfg.prune_structured else "weights zeroed"
+        parts.append(f"{cfg.prune_amount:.0%} of {what}".replace("%", " %"))
+    if cfg.quantize is not None:
+        kept = f" ({', '.join(cfg.quantize_keep_float)} in float)" if cfg.quantize_keep_float else ""
+        parts.append(cfg.quantize + kept)
+    return " + ".join(parts) or "unchanged"
+
+
+def inference_model(model: torch.nn.Module, cfg: RunConfig, split: data.ImageData) -> torch.nn.Module:
+    """The trained ``model`` as ``cfg`` deploys it, a copy: pruned (``prune_amount``, ``prune_structured``), then
+    quantized (``quantize``, ``quantize_keep_float``). ``split`` gives static int8's calibration batches and the
+    example inputs that structured pruning checks its rebuilt model on. ``model`` is left alone.
+
+    Example:
+        >>> small = inference_model(result.model, cfg.replace(quantize="int8_dynamic"), splits["train"])
+    """
+    model = copy.deepcopy(models.unwrap(model)).eval()
+    device = next(model.parameters()).device
+    loader = data.make_loader(split, batch_size=cfg.batch_size, shuffle=False)
+    inputs = [data.to_model_input(images, split, device, cfg.channels_last, cfg.image_size)
+              for images, _ in itertools.islice(loader, CALIBRATION_BATCHES)]
+    if cfg.prune_amount is not None:
+        if cfg.prune_structured:
+            model = prune_channels(model, cfg.prune_amount, inputs[0][:2])
+        else:
+            l1_unstructured(model, cfg.prune_amount)  # the masks folded in: dense weights with zeros
+    if cfg.quantize is not None:
+        spec = QUANTIZATION_METHODS.get(cfg.quantize)  # None for a simulated method
+        calibration = [x.cpu() for x in inputs] if spec is not None and spec.calibration else None
+        model = quantize(model, cfg.quantize, calibration=calibration, keep_float=cfg.quantize_keep_float)
+    return model.eval()
+
+
+def score_inference(model: torch.nn.Module, cfg: RunConfig, splits: dict) -> dict:
+    """``RunResult.inference``: the deployed copy's (`inference_model`) test accuracy, serialised size and share of
+    nonzero Conv/Linear weights, scored in float32 on the device its kernels run on."""
+    deployed = inference_model(model, cfg, splits["train"])
+    device = next(iter(deployed.parameters()), None)
+    device = device.device if device is not None else torch.device("cpu")  # torch.ao's int8 keeps no parameters
+    # Zeros are counted before quantization, which packs (torch.ao) or rounds (simulated) the weights.
+    pruned = inference_model(model, cfg.replace(quantize=None, quantize_keep_float=()), splits["train"])
+    nonzero = 1 - sparsity(pruned).overall
+    fp32 = resolve_precision("fp32", device)
+    return {"method": export_label(cfg), "accuracy": evaluate(deployed, splits["test"], cfg, device, fp32, shard=False),
+            "size_bytes": measure.model_size_bytes(deployed), "nonzero_share": nonzero, "device": str(device)}
 
 
 class Trainer:
@@ -409,6 +471,8 @@ class Trainer:
             num_trainable_params=num_trainable, weights=self.weights.source, warnings=list(self.warnings),
         )
         result.model = models.unwrap(self.model)
+        if exports(cfg) and distributed.is_main():
+            result.inference = score_inference(result.model, cfg, self.splits)
         return result
 
 

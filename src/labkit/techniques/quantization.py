@@ -187,6 +187,9 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            linear_only=True),
 )}
 CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# Low-bit weights simulated (`fake_quantize_weights`, per tensor): the accuracy of a 4- or 3-bit model where no
+# kernel runs it; the weights stay float32, so the file does not shrink. Not in `METHODS`, whose rows are real.
+SIMULATED_METHODS = {"int4_simulated": 4, "int3_simulated": 3}
 INT4_GROUP_SIZES = (128, 64, 32)  # torchao's int4 kernels take these group sizes
 
 
@@ -204,7 +207,7 @@ class Cast(nn.Module):
 
 def _check_method(method: str) -> Method:
     if method not in METHODS:
-        raise ConfigError("method", method, f"one of {list(METHODS)}")
+        raise ConfigError("method", method, f"one of {list(METHODS) + list(SIMULATED_METHODS)}")
     return METHODS[method]
 
 
@@ -425,7 +428,7 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
 
     Args:
         model: any float32 model (labkit's or your own).
-        method: one of `METHODS`.
+        method: one of `METHODS`, or a `SIMULATED_METHODS` name (weights rounded, kept in float32).
         calibration: batches of inputs (or (inputs, labels) pairs) from the training data; required by
             ``int8_static``, which fixes each activation's range from them.
         keep_float: module names (e.g. ``"stem"``, ``"head"``) or layer types (``"LayerNorm"``) to leave in float.
@@ -441,6 +444,10 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
         >>> small = quantize(model, "int8_dynamic")
         >>> labkit.measure.model_size_bytes(small) / labkit.measure.model_size_bytes(model)
     """
+    if method in SIMULATED_METHODS:
+        if calibration is not None:
+            raise ConfigError("calibration", type(calibration).__name__, f"None: {method!r} uses no calibration data")
+        return fake_quantize_weights(model, SIMULATED_METHODS[method], keep_float=keep_float).eval()
     spec = _check_method(method)
     device = _model_device(model)
     target = device if device.type in spec.devices else torch.device("cpu")

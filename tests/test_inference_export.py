@@ -1,0 +1,93 @@
+"""`RunConfig`'s inference fields (prune_amount, prune_structured, quantize, quantize_keep_float) applied by `fit`."""
+
+import pytest
+
+import labkit
+from labkit import config, train
+from labkit.errors import ConfigError
+from labkit.results import to_row
+from labkit.techniques import quantization
+
+
+def test_quantize_methods_are_the_techniques_methods():
+    assert config.QUANTIZE_METHODS == (*quantization.METHODS, *quantization.SIMULATED_METHODS)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    cfg = labkit.RunConfig(model="small_cnn", batch_size=32, max_steps=6, train_size=192, pretrained=True)
+    return cfg, labkit.fit(cfg, progress=False)
+
+
+def test_unstructured_pruning_zeroes_weights_but_keeps_the_size(trained):
+    cfg, res = trained
+    info = train.score_inference(res.model, cfg.replace(prune_amount=0.5), res_splits(cfg))
+    assert info["method"] == "50 % of weights zeroed"
+    assert info["nonzero_share"] == pytest.approx(0.5, abs=0.01)
+    assert info["size_bytes"] == res.model_size_bytes  # zeros are stored densely
+
+
+def test_structured_pruning_rebuilds_a_smaller_model(trained):
+    cfg, res = trained
+    info = train.score_inference(res.model, cfg.replace(prune_amount=0.5, prune_structured=True), res_splits(cfg))
+    assert info["method"] == "50 % of channels removed" and info["nonzero_share"] == pytest.approx(1.0, abs=0.01)
+    assert info["size_bytes"] < 0.4 * res.model_size_bytes
+
+
+def test_static_int8_shrinks_and_keeps_accuracy_near(trained):
+    cfg, res = trained
+    info = train.score_inference(res.model, cfg.replace(quantize="int8_static"), res_splits(cfg))
+    assert info["size_bytes"] < 0.35 * res.model_size_bytes and info["device"] == "cpu"
+    assert abs(info["accuracy"] - res.accuracy) < 0.1
+
+
+def test_simulated_bits_keep_the_size_and_the_kept_layers(trained):
+    cfg, res = trained
+    splits = res_splits(cfg)
+    model = train.inference_model(res.model, cfg.replace(quantize="int3_simulated", quantize_keep_float=["stem"]),
+                                  splits["train"])
+    before, after = dict(res.model.named_parameters()), dict(model.named_parameters())
+    assert all((after[n] == before[n]).all() for n in before if n.startswith("stem.") and n.endswith("weight"))
+    changed = [n for n in before if n.startswith("head.") and n.endswith("weight")]
+    assert changed and all(not (after[n] == before[n]).all() for n in changed)
+    assert len(set(after["head.2.weight"].flatten().tolist())) <= 8  # 3 bits: 8 levels
+    info = train.score_inference(res.model, cfg.replace(quantize="int3_simulated"), splits)
+    assert info["size_bytes"] == res.model_size_bytes
+
+
+def test_fit_records_the_deployed_copy_and_leaves_the_trained_model(trained):
+    cfg, _ = trained
+    res = labkit.fit(cfg.replace(prune_amount=0.3, quantize="int8_dynamic"), progress=False)
+    assert res.inference["method"] == "30 % of weights zeroed + int8_dynamic"
+    assert 0 <= res.inference["accuracy"] <= 1 and res.inference["nonzero_share"] == pytest.approx(0.7, abs=0.01)
+    assert labkit.techniques.pruning.sparsity(res.model).overall < 0.01  # the trained model is not pruned
+    row = to_row(res)
+    assert row["inference_size_bytes"] == res.inference["size_bytes"] and row["prune_amount"] == 0.3
+    assert labkit.fit(cfg, progress=False).inference is None
+    assert labkit.RunResult.from_dict(res.to_dict()).inference == res.inference
+
+
+def res_splits(cfg):
+    return train.run_splits(cfg)
+
+
+@pytest.mark.parametrize("changes, field, allowed", [
+    ({"prune_amount": 1.0}, "prune_amount", r"share in \(0, 1\)"),
+    ({"prune_amount": "half"}, "prune_amount", r"share in \(0, 1\)"),
+    ({"prune_structured": True}, "prune_structured", "unless prune_amount is set"),
+    ({"prune_amount": 0.5, "prune_structured": "yes"}, "prune_structured", "True or False"),
+    ({"quantize": "int2"}, "quantize", "int8_static"),
+    ({"quantize_keep_float": ["head"]}, "quantize_keep_float", "unless quantize is set"),
+    ({"quantize": "int8_static", "quantize_keep_float": [3]}, "quantize_keep_float", "module names"),
+])
+def test_bad_inference_fields_are_named(changes, field, allowed):
+    with pytest.raises(ConfigError, match=rf"{field}.*{allowed}"):
+        labkit.RunConfig(**changes)
+
+
+def test_yaml_gives_a_keep_float_list_as_a_tuple(tmp_path):
+    path = tmp_path / "q.yaml"
+    path.write_text("quantize: int8_static\nquantize_keep_float: [stem, head]\n")
+    cfg = labkit.load_config(path)
+    assert cfg.quantize_keep_float == ("stem", "head") and config.save_config(cfg, tmp_path / "b.yaml")
+    assert labkit.load_config(tmp_path / "b.yaml") == cfg
