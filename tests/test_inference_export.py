@@ -22,7 +22,7 @@ def trained(tmp_path_factory):
 def test_unstructured_pruning_zeroes_weights_but_keeps_the_size(trained):
     cfg, res = trained
     info = train.score_inference(res.model, cfg.replace(prune_amount=0.5), res_splits(cfg))
-    assert info["method"] == "50 % of weights zeroed"
+    assert info["method"] == "50% of weights zeroed"
     assert info["nonzero_share"] == pytest.approx(0.5, abs=0.01)
     assert info["size_bytes"] == res.model_size_bytes  # zeros are stored densely
 
@@ -30,7 +30,7 @@ def test_unstructured_pruning_zeroes_weights_but_keeps_the_size(trained):
 def test_structured_pruning_rebuilds_a_smaller_model(trained):
     cfg, res = trained
     info = train.score_inference(res.model, cfg.replace(prune_amount=0.5, prune_structured=True), res_splits(cfg))
-    assert info["method"] == "50 % of channels removed" and info["nonzero_share"] == pytest.approx(1.0, abs=0.01)
+    assert info["method"] == "50% of channels removed" and info["nonzero_share"] == pytest.approx(1.0, abs=0.01)
     assert info["size_bytes"] < 0.4 * res.model_size_bytes
 
 
@@ -58,7 +58,7 @@ def test_simulated_bits_keep_the_size_and_the_kept_layers(trained):
 def test_fit_records_the_deployed_copy_and_leaves_the_trained_model(trained):
     cfg, _ = trained
     res = labkit.fit(cfg.replace(prune_amount=0.3, quantize="int8_dynamic"), progress=False)
-    assert res.inference["method"] == "30 % of weights zeroed + int8_dynamic"
+    assert res.inference["method"] == "30% of weights zeroed + int8_dynamic"
     assert 0 <= res.inference["accuracy"] <= 1 and res.inference["nonzero_share"] == pytest.approx(0.7, abs=0.01)
     assert labkit.techniques.pruning.sparsity(res.model).overall < 0.01  # the trained model is not pruned
     row = to_row(res)

@@ -8,7 +8,8 @@ import-linter contract in pyproject.toml checks it): the base (`errors`, `projec
 `env`, `data`, `models`, `config`, `result`, `measure`, `exercises`, `guesses`); `techniques` (each
 technique's mechanism); `train` (the loop); `results`, `capacity`, `pretrain`, `equivalence` (many runs,
 what fits, a plain step against the engine's); `estimates`; `labs` (each notebook's experiments,
-findings and code exercises); `plots`, `views`, `widgets`; `bench`, `cli`.
+findings and code exercises); `plots`, `views`, `widgets`, and `troubleshoot` (`labkit.doctor`: probes a config for the
+troubleshooting table's symptoms); `bench`, `cli`.
 """
 
 from .capacity import estimate_memory, find_max_batch_size, training_memory
@@ -18,11 +19,13 @@ from .project import __version__
 from .result import RunResult
 from .results import load_reference, sweep
 from .train import fit
+from .troubleshoot import doctor
 
 __all__ = [
     "RunConfig",
     "RunResult",
     "__version__",
+    "doctor",
     "env_report",
     "estimate_memory",
     "find_max_batch_size",

@@ -1,4 +1,4 @@
-"""Command line: `labkit env | run | sweep | pretrain | bench | solutions`."""
+"""Command line: `labkit env | run | sweep | doctor | pretrain | bench | solutions`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .errors import ConfigError, LabkitError
 from .messages import wrap
 from .pretrain import pretrain
 from .results import cached_fit, sweep, to_frame
+from .troubleshoot import doctor
 
 
 def _parse_set(items: list[str]) -> dict:
@@ -55,6 +56,14 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _cmd_doctor(args) -> int:
+    """Print the diagnosis; exit 1 when a problem was found (a script can stop on it), else 0."""
+    diagnosis = doctor(args.config, nproc=args.nproc, backend=args.backend, timeout_s=args.timeout_s,
+                       fail_rank=args.fail_rank, fail_step=args.fail_step, fail_how=args.fail_how)
+    print(diagnosis)
+    return 1 if diagnosis.problems else 0
+
+
 def _cmd_pretrain(args) -> int:
     for name in args.models:
         info = pretrain(name, steps=args.steps)
@@ -92,6 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--set", action="append", metavar="FIELD=V1,V2")
     sw.add_argument("--refresh", action="store_true")
     sw.add_argument("--csv", help="also write the table to this CSV file")
+    doc = sub.add_parser("doctor", help="probe a config (YAML) for NaN loss, slow AMP, quantization and pruning "
+                         "that do not pay, a distributed job that hangs; exit 1 if a problem is found")
+    doc.add_argument("config")
+    doc.add_argument("--nproc", type=int, help="also run it data parallel over N processes (the hang probe)")
+    doc.add_argument("--backend", choices=["gloo", "nccl"], help="the distributed backend (default: the device's)")
+    doc.add_argument("--timeout-s", type=float, help="the process-group timeout (at most the probe's 10 s)")
+    doc.add_argument("--fail-rank", type=int, help="make this rank fail on purpose (a demonstration)")
+    doc.add_argument("--fail-step", type=int, help="... after this optimizer step")
+    doc.add_argument("--fail-how", default="raise", choices=["raise", "exit", "hang"])
     pre = sub.add_parser("pretrain", help="train labkit's offline checkpoints on the shapes_source task")
     pre.add_argument("models", nargs="*", default=["small_cnn", "shufflenet_v2_x0_5"])
     pre.add_argument("--steps", type=int, default=None, help="optimizer steps (default: each model's recipe)")
@@ -104,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"env": _cmd_env, "run": _cmd_run, "sweep": _cmd_sweep, "pretrain": _cmd_pretrain, "bench": _cmd_bench,
+COMMANDS = {"env": _cmd_env, "run": _cmd_run, "sweep": _cmd_sweep, "doctor": _cmd_doctor, "pretrain": _cmd_pretrain, "bench": _cmd_bench,
             "solutions": _cmd_solutions}
 
 

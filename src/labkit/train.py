@@ -153,11 +153,11 @@ def exports(cfg: RunConfig) -> bool:
 
 
 def export_label(cfg: RunConfig) -> str:
-    """What ``cfg``'s inference fields do, in words: ``"50 % of weights zeroed + int8_static"``."""
+    """What ``cfg``'s inference fields do, in words: ``"50% of weights zeroed + int8_static"``."""
     parts = []
     if cfg.prune_amount is not None:
         what = "channels removed" if cfg.prune_structured else "weights zeroed"
-        parts.append(f"{cfg.prune_amount:.0%} of {what}".replace("%", " %"))
+        parts.append(f"{cfg.prune_amount:.0%} of {what}")
     if cfg.quantize is not None:
         kept = f" ({', '.join(cfg.quantize_keep_float)} in float)" if cfg.quantize_keep_float else ""
         parts.append(cfg.quantize + kept)
