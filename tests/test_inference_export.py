@@ -91,3 +91,18 @@ def test_yaml_gives_a_keep_float_list_as_a_tuple(tmp_path):
     cfg = labkit.load_config(path)
     assert cfg.quantize_keep_float == ("stem", "head") and config.save_config(cfg, tmp_path / "b.yaml")
     assert labkit.load_config(tmp_path / "b.yaml") == cfg
+
+
+def test_configs_that_differ_only_for_inference_train_once(trained, monkeypatch, tmp_path):
+    from labkit import results
+
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    cfg, _ = trained
+    calls = []
+    real_fit = results.fit
+    monkeypatch.setattr(results, "fit", lambda c, **kw: calls.append(c) or real_fit(c, **kw))
+    a = results.cached_fit(cfg.replace(quantize="int8_dynamic"), progress=False)
+    b = results.cached_fit(cfg.replace(quantize="int8_static", prune_amount=0.3), progress=False)
+    assert len(calls) == 1 and calls[0] == results.trained_config(cfg) == cfg
+    assert a.step_time_s == b.step_time_s and a.inference["method"] != b.inference["method"]
+    assert a.cfg.quantize == "int8_dynamic" and b.cfg.prune_amount == 0.3

@@ -25,7 +25,7 @@ from .messages import note
 from .models import checkpoint_dir
 from .project import __version__
 from .result import MEMORY_CATEGORIES, RunResult
-from .train import fit, prepare_model, run_splits
+from .train import exports, fit, prepare_model, run_splits, score_inference
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
 METRIC_COLUMNS = (
@@ -83,6 +83,8 @@ def cached_fit(cfg: RunConfig, refresh: bool = False, progress: bool = True, on_
     """
     env = env_report(cfg.device)
     path = results_dir() / f"{cache_key(cfg, env)}.json"
+    if exports(cfg):  # trained as the config without its inference fields, so configs that differ there train once
+        return cached_model(cfg, refresh=refresh, progress=progress, on_step=on_step)[1]
     if path.exists() and not refresh:
         try:
             result = RunResult.from_dict(json.loads(path.read_text()))
@@ -97,13 +99,22 @@ def cached_fit(cfg: RunConfig, refresh: bool = False, progress: bool = True, on_
     return result
 
 
-def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True) -> tuple[torch.nn.Module, RunResult]:
+def trained_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` without the fields that act on the trained model (pruning and quantization for inference)."""
+    return cfg.replace(prune_amount=None, prune_structured=False, quantize=None, quantize_keep_float=())
+
+
+def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True,
+                 on_step=None) -> tuple[torch.nn.Module, RunResult]:
     """`cached_fit` that also keeps the trained weights, as ``<key>.pt`` beside the run's JSON, so that later
     calls get the trained model back without training again (a pruning or quantization notebook starts from it).
 
     The weights are written before the run's JSON, each atomically: an interrupted call leaves either both or a
     run that is trained again. A model rebuilt from the cache has the trained weights, the run's checkpointing,
     freezing and memory format, and is in training mode, as ``labkit.fit``'s model is.
+
+    A config that prunes or quantizes for inference trains as `trained_config` (cached once for all of them) and
+    scores its deployed copy on top (``result.inference``); ``model`` is then the trained float model.
 
     Returns:
         ``(model, result)``; ``result.model`` is ``model`` too.
@@ -112,6 +123,12 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True) -
         >>> model, result = cached_model(labkit.config.baseline())
         >>> result.accuracy
     """
+    if exports(cfg):
+        model, trained = cached_model(trained_config(cfg), refresh=refresh, progress=progress, on_step=on_step)
+        result = RunResult.from_dict({**trained.to_dict(), "config": cfg.to_dict(),
+                                      "inference": score_inference(model, cfg, run_splits(cfg))})
+        result.model = model
+        return model, result
     env = env_report(cfg.device)
     key = cache_key(cfg, env)
     json_path, weights_path = results_dir() / f"{key}.json", results_dir() / f"{key}.pt"
@@ -131,7 +148,7 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True) -
                 note(message)
             result.model = model
             return model, result
-    result = fit(cfg, progress=progress)
+    result = fit(cfg, progress=progress, on_step=on_step)
     weights_path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=weights_path.parent, prefix=f".{key}.", suffix=".tmp")
     os.close(fd)
