@@ -220,3 +220,13 @@ def test_cached_frame_measures_once_per_configs_and_params(tmp_path, monkeypatch
     results.cached_frame("demo", [tiny_cfg.replace(seed=1)], measure, methods=["fp32", "int8"])  # another config
     results.cached_frame("demo", [tiny_cfg], measure, refresh=True, methods=["fp32", "int8"])
     assert len(calls) == 4
+
+
+def test_cached_model_after_cached_fit_keeps_the_first_measurement(tiny_cfg, tmp_path, monkeypatch):
+    from labkit import results
+
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    first = results.cached_fit(tiny_cfg, progress=False)
+    model, again = results.cached_model(tiny_cfg, progress=False)
+    assert again.step_time_s == first.step_time_s and again.step_times_s == first.step_times_s
+    assert again.model is model and results.cached_fit(tiny_cfg, progress=False).step_time_s == first.step_time_s

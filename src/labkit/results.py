@@ -111,7 +111,9 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True,
 
     The weights are written before the run's JSON, each atomically: an interrupted call leaves either both or a
     run that is trained again. A model rebuilt from the cache has the trained weights, the run's checkpointing,
-    freezing and memory format, and is in training mode, as ``labkit.fit``'s model is.
+    freezing and memory format, and is in training mode, as ``labkit.fit``'s model is. A run that `cached_fit`
+    stored without weights is trained again for them, and keeps the result it measured first, so that every
+    table of a notebook shows the same numbers for the same config.
 
     A config that prunes or quantizes for inference trains as `trained_config` (cached once for all of them) and
     scores its deployed copy on top (``result.inference``); ``model`` is then the trained float model.
@@ -148,6 +150,12 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True,
                 note(message)
             result.model = model
             return model, result
+    measured = None  # a run cached without its weights (by cached_fit) keeps the numbers it measured first
+    if json_path.exists() and not refresh:
+        try:
+            measured = RunResult.from_dict(json.loads(json_path.read_text()))
+        except (ValueError, TypeError):
+            measured = None
     result = fit(cfg, progress=progress, on_step=on_step)
     weights_path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=weights_path.parent, prefix=f".{key}.", suffix=".tmp")
@@ -158,6 +166,9 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True,
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if measured is not None:
+        measured.model = result.model
+        return result.model, measured
     write_json_atomic(json_path, result.to_dict())
     return result.model, result
 
@@ -271,7 +282,16 @@ def cached_frame(name: str, cfgs: Iterable[RunConfig], compute: Callable[[], pd.
     key = f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:20]}"
     record = cached_record(key, lambda: {"frame": compute().to_json(orient="split", double_precision=15)},
                            refresh=refresh)
+    return _frame_of(record)
+
+
+def _frame_of(record: dict) -> pd.DataFrame:
     return pd.read_json(io.StringIO(record["frame"]), orient="split", dtype=False)
+
+
+def read_cached_frame(path: Path) -> pd.DataFrame:
+    """A table `cached_frame` stored at ``path`` (``<name>-<key>.json`` in `results_dir`), read back as it was."""
+    return _frame_of(json.loads(Path(path).read_text()))
 
 
 def _free_cuda_memory() -> None:

@@ -486,6 +486,12 @@ def structured(cfg: RunConfig, amount: float = 0.5, recovery_steps: int | None =
     """
     amount = pruning.check_amount(amount)
     steps = default_recovery_steps() if recovery_steps is None else recovery_steps
+    # Measured once, then read from the cache (notebook 09's summary reads it there too).
+    return results.cached_frame("prune-structured", [cfg], lambda: _measure_structured(cfg, amount, steps),
+                                amount=amount, recovery_steps=steps)
+
+
+def _measure_structured(cfg: RunConfig, amount: float, steps: int) -> pd.DataFrame:
     model, _ = fine_tuned(cfg)
     prof = profile()
     x = example_batch(cfg)
