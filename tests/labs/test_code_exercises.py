@@ -13,7 +13,7 @@ from labkit.exercises import WrongAnswer, check
 from labkit.labs import code_exercises
 
 CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel", "07.shard",
-        "08.lora_forward"]
+        "08.lora_forward", "09.measured_order"]
 
 
 @pytest.mark.parametrize("name", CODE)
@@ -249,3 +249,20 @@ def test_shard_mistakes_are_named(mistake, hint):
 def test_lora_forward_mistakes_are_named(mistake, hint):
     with pytest.raises(WrongAnswer, match=hint):
         check("08.lora_forward", mistake)
+
+
+def _by(key):
+    return lambda alone: sorted(alone, key=key(alone))
+
+
+@pytest.mark.parametrize("mistake, hint", [
+    (_by(lambda a: lambda n: (a[n]["inference"], -a[n]["memory_ratio"] * a[n]["time_ratio"])), "the most saved"),
+    (lambda alone: list(reversed(code_exercises.measured_order_solution(alone))), "reversed"),
+    (_by(lambda a: lambda n: a[n]["memory_ratio"] * a[n]["time_ratio"]), "go after every training stage"),
+    (_by(lambda a: lambda n: (a[n]["inference"], a[n]["memory_ratio"])), "ranked by memory alone"),
+    (lambda alone: list(alone)[:-1], "every stage name once"),
+    (lambda alone: sorted(alone, key=lambda n: alone[n]["memory"]), "KeyError"),
+])
+def test_measured_order_mistakes_are_named(mistake, hint):
+    with pytest.raises(WrongAnswer, match=hint):
+        check("09.measured_order", mistake)

@@ -9,7 +9,8 @@
 - `BROKEN`, `broken`: the deliberately broken configs that notebook 09 hands to `labkit.doctor`.
 - `summary`, `summary_finding`, `reference_rows`: what each technique of notebooks 01-08 bought on this machine,
   read from the learner's cached runs, beside the published figures.
-- `panel_config`, `panel_run`, `RecipeRun`: the panel; `own_stack_numbers`: exercise ``09.own_stack``.
+- `panel_config`, `panel_run`, `RecipeRun`: the panel; `own_stack_numbers`, `stacked_memory_ratio`: exercise
+  ``09.own_stack``; `labkit.labs.code_exercises` has ``09.measured_order``.
 """
 
 from __future__ import annotations
@@ -369,10 +370,10 @@ def profile_pair(cfg: RunConfig, warmup_steps: int = 2) -> tuple[ProfiledStep, P
 
 def kinds_table(before: ProfiledStep, after: ProfiledStep) -> pd.DataFrame:
     """Self time by kind of operator in both steps, ms and share."""
-    both = before.kinds.set_index("kind")[["self_ms", "share"]].join(
-        after.kinds.set_index("kind")[["self_ms", "share"]], how="outer", lsuffix=f" {before.precision}",
-        rsuffix=f" {after.precision}").fillna(0.0)
-    return both.sort_values(f"self_ms {before.precision}", ascending=False).round(3).reset_index()
+    columns = ["kind", "self_ms", "share"]
+    both = before.kinds[columns].merge(after.kinds[columns], on="kind", how="outer",
+                                       suffixes=(f" {before.precision}", f" {after.precision}")).fillna(0.0)
+    return both.sort_values(f"self_ms {before.precision}", ascending=False).round(3).reset_index(drop=True)
 
 
 @worded
@@ -678,10 +679,23 @@ def panel_run(cfg: RunConfig, on_step=None, progress: bool = False) -> RecipeRun
                      list(result.warnings))
 
 
+OWN_STACK = {"batch_size": "batch", "precision": "amp", "checkpointing": "ckpt", "optimizer": "opt8", "freeze": "freeze"}
+
+
 def own_stack_numbers(rec: Recipe) -> dict:
-    """Exercise ``09.own_stack``'s numbers from the learner's recipe: each stage's peak memory as a ratio to the
-    stage before it, in the seed's order, and the whole recipe's ratio."""
-    seed = rec.seed
-    ratios = (seed.peak_memory_bytes.iloc[1:].to_numpy() / seed.peak_memory_bytes.iloc[:-1].to_numpy()).tolist()
-    return {"stage_ratios": [round(r, 4) for r in ratios],
-            "total_ratio": float(seed.peak_memory_bytes.iloc[-1] / seed.peak_memory_bytes.iloc[0])}
+    """Exercise ``09.own_stack``'s numbers from the learner's recipe: the peak-memory ratio of each training stage
+    alone to the baseline, rounded as printed (the seed's five training stages)."""
+    base = rec.alone.iloc[0].peak_memory_bytes
+    ratios = {stage.key: row.peak_memory_bytes / base for stage, (_, row) in
+              zip(rec.stages, rec.alone.iloc[1:].iterrows(), strict=True)}
+    missing = [key for key in OWN_STACK if key not in ratios or math.isnan(ratios[key])]
+    if missing:
+        raise ConfigError("recipe", [s.key for s in rec.stages], f"the seed's training stages {list(OWN_STACK)}, each "
+                          f"run (missing or failed: {missing})")
+    return {name: round(float(ratios[key]), 3) for key, name in OWN_STACK.items()}
+
+
+def stacked_memory_ratio(rec: Recipe) -> float:
+    """The seed-order stack's peak memory after its last training stage, as a ratio to the baseline's."""
+    training = [i for i, stage in enumerate(rec.stages, start=1) if not stage.inference]
+    return float(rec.seed.peak_memory_bytes.iloc[training[-1]] / rec.seed.peak_memory_bytes.iloc[0])

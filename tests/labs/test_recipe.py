@@ -1,0 +1,152 @@
+"""Notebook 09's lab: the staged recipe, the measured order, the profiled step and the summary of 01-08."""
+
+import json
+
+import pandas as pd
+import pytest
+
+import labkit
+from labkit import results
+from labkit.errors import ConfigError
+from labkit.labs import recipe as lab
+from labkit.result import RunResult
+
+
+@pytest.fixture
+def base():
+    return labkit.RunConfig(model="small_cnn", batch_size=32, epochs=2, train_size=192, device="cpu")
+
+
+@pytest.fixture
+def small_recipe(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text("batch_size: 64\ncheckpointing: true\nfreeze: medium\nquantize: int8_dynamic\n"
+                    "quantize_keep_float: []\n")
+    return path
+
+
+def test_the_seed_recipe_loads_as_a_run_config_with_its_stages_in_file_order():
+    cfg = labkit.load_config(lab.RECIPE_PATH)
+    stages = lab.recipe_stages()
+    assert [s.key for s in stages] == ["batch_size", "precision", "checkpointing", "optimizer", "freeze", "quantize"]
+    assert all(getattr(cfg, s.key) == s.changes[s.key] for s in stages)
+    assert stages[-1].inference and not any(s.inference for s in stages[:-1])
+    assert stages[0].label() == "larger batch (batch_size=256)"
+
+
+def test_a_stage_carries_the_fields_that_belong_to_it(small_recipe):
+    stages = lab.recipe_stages(small_recipe)
+    assert [s.key for s in stages] == ["batch_size", "checkpointing", "freeze", "quantize"]
+    assert stages[-1].changes == {"quantize": "int8_dynamic", "quantize_keep_float": ()}
+
+
+@pytest.mark.parametrize("text, match", [
+    ("batch_sise: 64\n", "batch_sise"),
+    ("lora_targets: [qkv]\n", "lora_targets.*unless lora_rank is set"),
+    ("", "at least one RunConfig field"),
+])
+def test_bad_recipes_are_named(tmp_path, text, match):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        lab.recipe_stages(path)
+
+
+def test_staged_stacks_each_stage_on_the_ones_before(base, small_recipe):
+    rec = lab.staged(base, small_recipe, progress=False)
+    assert list(rec.seed.stage) == [0, 1, 2, 3, 4] and rec.seed.error.isna().all()
+    last = rec.seed.iloc[-1]
+    assert (last.batch_size, last.checkpointing, last.freeze, last.quantize) == (64, True, "medium", "int8_dynamic")
+    alone = rec.alone.set_index("stage")
+    assert alone.loc[2].checkpointing and alone.loc[2].batch_size == 32  # alone: on the baseline only
+    assert rec.seed.iloc[0].step_time_s == rec.alone.iloc[0].step_time_s == rec.measured.iloc[0].step_time_s
+    assert rec.order[-1].key == "quantize" and {s.key for s in rec.order} == {s.key for s in rec.stages}
+    assert rec.seed.iloc[-1].deployed_size_bytes < rec.seed.iloc[-2].deployed_size_bytes  # int8 Linear head
+    assert rec.seed.epoch_time_s.gt(0).all() and rec.seed.deployed_accuracy.between(0, 1).all()
+    table = lab.stage_table(rec)
+    assert len(table) == 10 and table["vs baseline"].iloc[0] == 1.0
+    text = lab.recipe_finding(rec)
+    assert "The whole recipe" in str(text) and all(len(line) <= 100 for line in str(text).splitlines())
+    with pytest.raises(ConfigError, match="seed's training stages"):
+        lab.own_stack_numbers(rec)  # the exercise needs the seed's five training stages
+
+
+def test_measured_order_ranks_by_memory_times_time_and_keeps_inference_last():
+    stages = [lab.Stage("a", {"batch_size": 128}), lab.Stage("q", {"quantize": "fp16"}),
+              lab.Stage("b", {"freeze": "heavy"}), lab.Stage("c", {"checkpointing": True})]
+    alone = pd.DataFrame({"peak_memory_bytes": [100, 150, 100, 40, 60], "epoch_time_s": [1.0, 0.8, 0.5, 0.9, 1.2],
+                          "error": [None, None, None, None, None]})
+    assert [s.name for s in lab.measured_order(stages, alone)] == ["b", "c", "a", "q"]  # 0.36, 0.72, 1.2; q last
+    alone.loc[3, "error"] = "RuntimeError: out of memory"
+    assert [s.name for s in lab.measured_order(stages, alone)] == ["c", "a", "b", "q"]
+
+
+def test_the_profiled_step_names_operators_by_kind_and_writes_a_trace(base):
+    before, after = lab.profile_pair(base.replace(epochs=1, max_steps=8))
+    assert before.precision == "fp32" and after.precision == lab.profiler_precision(base) == "bf16"
+    assert len(before.ops) == lab.PROFILE_TOP and before.ops.self_ms.is_monotonic_decreasing
+    assert before.kinds.share.sum() == pytest.approx(1.0) and before.kinds.kind.iloc[0] == "matmul / convolution"
+    trace = json.loads(before.trace_path.read_text())
+    assert trace["traceEvents"] and before.trace_path.name.endswith("fp32-cpu.json")
+    assert after.ops.operator.str.contains("_to_copy|copy_").any()
+    text = lab.profile_finding(before, after)
+    assert "fp32" in text and "bf16" in text and before.trace_path.name in text
+
+
+@pytest.mark.parametrize("name, kind", [("aten::convolution_backward", "matmul / convolution"),
+                                        ("aten::addmm", "matmul / convolution"), ("aten::_to_copy", "copies and casts"),
+                                        ("Optimizer.step#AdamW.step", "optimizer"), ("aten::relu_", "elementwise / activation"),
+                                        ("aten::native_batch_norm", "normalization"), ("aten::empty", "other")])
+def test_op_kinds(name, kind):
+    assert lab.op_kind(name) == kind
+
+
+def _write(result: RunResult):
+    key = results.cache_key(result.cfg, result.env)
+    results.write_json_atomic(results.results_dir() / f"{key}.json", result.to_dict())
+
+
+def _run(cfg, step_time_s, peak, accuracy, **extra):
+    env = labkit.env_report(cfg.device)
+    return RunResult(config=cfg.to_dict(), env=env, step_time_s=step_time_s, throughput=cfg.batch_size / step_time_s,
+                     peak_memory_bytes=peak, accuracy=accuracy, model_size_bytes=1000, **extra)
+
+
+def test_the_summary_pairs_each_technique_with_its_run_without_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    prof = labkit.profile()
+    cfg = labkit.config.baseline(prof)
+    _write(_run(cfg, 0.10, 1000, 0.70))
+    _write(_run(cfg.replace(freeze="medium"), 0.05, 400, 0.69))
+    _write(_run(cfg.replace(checkpointing=True), 0.13, 800, 0.70))
+    _write(_run(cfg.replace(checkpointing=True, freeze="heavy"), 0.04, 300, 0.6))  # a second freezing pair
+    results.write_json_atomic(results.results_dir() / "quant-compare-x.json", {"frame": pd.DataFrame({
+        "model": [cfg.model] * 2, "method": ["fp32", "int8_static"], "ran": [True, True], "cpu_latency_s": [0.02, 0.005],
+        "model_size_bytes": [1200, 320], "test_accuracy": [0.70, 0.69]}).to_json(orient="split")})
+    frame = lab.summary(prof).set_index("technique")
+    freeze = frame.loc["freezing"]
+    assert freeze.pairs == 2 and freeze.time_ratio == pytest.approx(0.5) and freeze.memory_ratio == pytest.approx(0.4)
+    assert freeze.accuracy_change == pytest.approx(-0.01) and "freeze=medium" in freeze.setting
+    assert frame.loc["gradient checkpointing"].time_ratio == pytest.approx(1.3)
+    quant = frame.loc["int8 quantization"]
+    assert quant.time_ratio == pytest.approx(0.25) and quant.size_ratio == pytest.approx(320 / 1200)
+    assert quant.time_basis == "CPU inference latency"
+    assert frame.loc["LoRA"].pairs == 0 and frame.loc["mixed precision"].pairs == 0
+    assert list(frame.notebook) == sorted(frame.notebook)
+    text = lab.summary_finding(frame.reset_index())
+    assert "Most time saved: 06 int8 quantization" in text and "Not run yet" in text and "08 LoRA" in text
+
+
+def test_reference_rows_give_amps_published_speedup_as_a_time_ratio():
+    ref = lab.reference_rows()
+    assert sorted(ref.time_ratio.round(3)) == [0.333, 0.5] and ref.source.str.startswith("published").all()
+
+
+def test_broken_configs_and_the_panel(base):
+    assert lab.broken(base, "nan_loss").lr == 50.0 and lab.broken(base, "pruning_memory").prune_amount == 0.5
+    with pytest.raises(ConfigError, match="symptom"):
+        lab.broken(base, "slow")
+    cfg = lab.panel_config(base)
+    assert cfg.quantize == "int8_static" and cfg.freeze == "medium" and cfg.batch_size == 256
+    run = lab.panel_run(lab.panel_config(base).replace(batch_size=64))
+    assert run.model_size_bytes < 0.4 * 1.2e6 and 0 <= run.accuracy <= 1 and "int8_static" in str(run)
