@@ -389,3 +389,16 @@ def test_a_bar_charts_legend_never_covers_a_bar(logy):
     assert not [b for b in bars if b.overlaps(legend)], "the legend hides a bar"
     assert ax.get_ylabel() == "speed-up over fp32 (x)"
     plt.close(fig)
+
+
+def test_bars_draws_the_reference_only_where_it_has_the_metric_and_keeps_legends_off_the_bars():
+    df = pd.DataFrame({"label": ["a", "b", "c"], "time_ratio": [1.6, 1.9, 2.0], "memory_ratio": [0.5, 0.6, 0.7]})
+    ref = pd.DataFrame({"label": ["a"], "time_ratio": [0.4], "source": ["published: somewhere"]})
+    axes = plots.bars(df, x="label", ys=["time_ratio", "memory_ratio"], reference=ref)
+    assert "skipped" not in axes[1].get_title()  # the reference has no memory figure: not counted as missing
+    assert len([p for p in axes[0].patches if p.get_height() > 0]) == 4
+    assert axes[1].get_legend() is None
+    legend = axes[0].get_legend()
+    renderer = axes[0].get_figure().canvas.get_renderer()
+    box = legend.get_window_extent(renderer)
+    assert not any(p.get_window_extent(renderer).overlaps(box) for p in axes[0].patches if p.get_height() > 0)

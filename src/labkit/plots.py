@@ -103,6 +103,14 @@ METRICS: dict[str, Metric] = {
     "base_weight_bytes": Metric("frozen Linear weights", "MiB", 1 / MiB),
     "vs_base": Metric("latency against the base model", "x", 1.0),
     "max_output_diff": Metric("largest output difference", "", 1.0),
+    # the recipe (notebook 09)
+    "stage": Metric("stage", "", 1.0),
+    "self_ms": Metric("operators' self time", "ms", 1.0),
+    "share": Metric("share of the operators' self time", "%", 100.0),
+    "time_ratio": Metric("time, with / without", "x", 1.0),
+    "memory_ratio": Metric("peak memory, with / without", "x", 1.0),
+    "size_ratio": Metric("model size, with / without", "x", 1.0),
+    "accuracy_change": Metric("accuracy change", "points", 100.0),
     **{f"mem_{c}_bytes": Metric(f"memory: {c.replace('_', ' ')}", "MiB", 1 / MiB) for c in MEMORY_CATEGORIES},
 }
 
@@ -177,7 +185,8 @@ def bar(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.
 
 
 def bars(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.DataFrame | None = None):
-    """One `bar` chart per metric in ``ys``, side by side in one figure.
+    """One `bar` chart per metric in ``ys``, side by side in one figure. ``reference`` rows are drawn in the charts of
+    the metrics they have (a published speed-up has no memory figure).
 
     Example:
         >>> axes = plots.bars(df, x="setup", ys=["step_time_s", "peak_memory_bytes", "accuracy"], reference=ref)
@@ -187,8 +196,11 @@ def bars(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.Dat
         raise ConfigError("ys", ys, "a non-empty list of metric columns, e.g. ['step_time_s', 'peak_memory_bytes']")
     fig, flat = grid(len(ys))
     for ax, column in zip(flat, ys, strict=True):
-        bar(df, x=x, y=column, hue=hue, reference=reference, ax=ax)
+        has = reference is not None and column in reference.columns
+        bar(df, x=x, y=column, hue=hue, reference=reference if has else None, ax=ax)
     fig.tight_layout()
+    for ax in flat:  # the layout shrank the axes (rotated labels): check the legends against the bars again
+        _keep_bars_clear(ax)
     return flat
 
 

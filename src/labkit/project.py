@@ -11,7 +11,7 @@ REPO_URL = f"https://github.com/{REPO}"
 
 # Extras a notebook needs beyond the base install (pyproject's optional-dependencies).
 NOTEBOOK_EXTRAS = {"03_memory_savers.ipynb": ("memory",), "06_quantization.ipynb": ("quant",),
-                   "08_lora.ipynb": ("lora", "memory")}
+                   "08_lora.ipynb": ("lora", "memory"), "09_recipe.ipynb": ("memory",)}
 
 
 def install_spec(notebook: str | None = None) -> str:

@@ -16,6 +16,7 @@ It sits above the labs because the distributed probe launches a job (`labkit.lab
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class Finding:
         observed: what the probe measured. cause: the likely cause. remedy: what to change.
         fix: the remedy as `RunConfig` changes ({} when it is not a config change).
         checked: what the doctor measured with ``fix`` applied (None: not tried).
+        numbers: the probe's measurements by name (e.g. ``ratio`` of the AMP probe), for checks and exercises.
     """
 
     symptom: str
@@ -70,6 +72,7 @@ class Finding:
     remedy: str = ""
     fix: dict = field(default_factory=dict)
     checked: str | None = None
+    numbers: dict = field(default_factory=dict)
 
     @property
     def title(self) -> str:
@@ -151,8 +154,10 @@ def probe_nan(cfg: RunConfig) -> tuple[Finding, bool]:
     clipping and a far smaller lr, and names the first with which the loss falls (else the first that keeps it
     under `TAME` times its start). Returns the finding and whether the run trained."""
     losses, text = _losses(cfg)
+    numbers = {"first_loss": losses[0], "last_loss": losses[-1]} if losses else {"first_loss": math.nan,
+                                                                                 "last_loss": math.nan}
     if losses is not None and not _exploded(losses):
-        return Finding("nan_loss", "ok", f"no: {text}"), True
+        return Finding("nan_loss", "ok", f"no: {text}", numbers=numbers), True
     precision = resolve_precision(cfg.precision, resolve_device(cfg.device)).name
     candidates = []
     if precision == "fp16":
@@ -171,16 +176,16 @@ def probe_nan(cfg: RunConfig) -> tuple[Finding, bool]:
         tried.append(f"{_said(changes)}: {fixed_text}")
         if fixed is not None and fixed[-1] < fixed[0]:  # the loss falls: the first such remedy is the one
             return Finding("nan_loss", "problem", text, cause, f"set {_said(changes)} ({why})", changes,
-                           "; ".join(tried)), False
+                           "; ".join(tried), numbers), False
         if fixed is not None and fixed[-1] <= TAME * fixed[0] and tame is None:
             tame = changes, cause, why
     if tame is not None:  # finite and no longer growing, though too short a run (or too small an lr) to fall
         changes, cause, why = tame
         return Finding("nan_loss", "problem", text, cause, f"set {_said(changes)} ({why})", changes,
-                       "; ".join(tried)), False
+                       "; ".join(tried), numbers), False
     return Finding("nan_loss", "problem", text, "neither the precision nor the learning rate: look at the data "
                    "(NaN or huge inputs) and the loss function", "check the inputs with torch.isfinite; lower lr further",
-                   {}, "; ".join(tried)), False
+                   {}, "; ".join(tried), numbers), False
 
 
 def _native_bf16(cfg: RunConfig) -> bool:
@@ -203,10 +208,12 @@ def probe_amp(cfg: RunConfig) -> Finding:
     ratio = amp.step_time_s / fp32.step_time_s
     observed = (f"{precision.name} {amp.step_time_s * 1e3:.1f} ms a step, fp32 {fp32.step_time_s * 1e3:.1f} ms "
                 f"({ratio:.2f}x fp32's time; batch {cfg.batch_size}, {AMP_TIMED_STEPS} timed steps each)")
+    numbers = {"amp_step_s": amp.step_time_s, "fp32_step_s": fp32.step_time_s, "ratio": ratio}
     if ratio <= SLOWER:
-        return Finding("amp_slower", "ok", f"no: {observed}")
+        return Finding("amp_slower", "ok", f"no: {observed}", numbers=numbers)
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    return amp_slower_finding(observed, precision.name, precision.emulated, capability, cfg.batch_size)
+    finding = amp_slower_finding(observed, precision.name, precision.emulated, capability, cfg.batch_size)
+    return dataclasses.replace(finding, numbers=numbers)
 
 
 def amp_slower_finding(observed: str, precision: str, emulated: bool, capability: tuple[int, int] | None,
@@ -254,8 +261,9 @@ def probe_quantization(cfg: RunConfig, model: torch.nn.Module, result) -> Findin
     drop = float_acc - quant_acc
     observed = (f"{result.inference['method']}: test accuracy {quant_acc:.1%} against {float_acc:.1%} in float "
                 f"({drop * 100:.1f} points lost; test-set noise about {noise * 100:.1f})")
+    numbers = {"float_accuracy": float_acc, "quantized_accuracy": quant_acc, "drop": drop, "noise": noise}
     if drop <= max(MIN_DROP, noise):
-        return Finding("quantization_drop", "ok", f"no: {observed}")
+        return Finding("quantization_drop", "ok", f"no: {observed}", numbers=numbers)
     device = next(model.parameters()).device
     fp32 = resolve_precision("fp32", device)
     scores = []
@@ -283,7 +291,7 @@ def probe_quantization(cfg: RunConfig, model: torch.nn.Module, result) -> Findin
                    f"keep them in float: quantize_keep_float: {list(keep)}", {"quantize_keep_float": list(keep)},
                    f"validation accuracy {val_float:.1%} in float, with each kept in float: {tried}; with "
                    f"{list(keep)} in float the test accuracy is {checked['accuracy']:.1%} and the file "
-                   f"{checked['size_bytes'] / 2**20:.2f} MiB")
+                   f"{checked['size_bytes'] / 2**20:.2f} MiB", {**numbers, "fixed_accuracy": checked["accuracy"]})
 
 
 def probe_pruning(cfg: RunConfig, model: torch.nn.Module, result) -> Finding:
@@ -297,12 +305,13 @@ def probe_pruning(cfg: RunConfig, model: torch.nn.Module, result) -> Finding:
     ratio = info["size_bytes"] / dense["size_bytes"]
     observed = (f"{info['method']}: {_pct(1 - info['nonzero_share'])} of the weights are zero and the file is "
                 f"{info['size_bytes'] / 2**20:.2f} MiB, {_pct(ratio)} of the unpruned {dense['size_bytes'] / 2**20:.2f} MiB")
+    numbers = {"size_ratio": ratio, "nonzero_share": info["nonzero_share"]}
     if ratio < 0.9:
-        return Finding("pruning_memory", "ok", f"no: {observed}")
+        return Finding("pruning_memory", "ok", f"no: {observed}", numbers=numbers)
     if cfg.prune_structured:
         return Finding("pruning_memory", "problem", observed, "the pruned channels feed residual additions or "
                        "concatenations, which keep them", "prune the convolutions that are free to shrink "
-                       "(labkit.techniques.pruning.channel_chains)")
+                       "(labkit.techniques.pruning.channel_chains)", numbers=numbers)
     structured = train.score_inference(model, cfg.replace(prune_structured=True), splits)
     return Finding("pruning_memory", "problem", observed,
                    "zeros are still stored densely: unstructured pruning zeroes weights but keeps every one of "
@@ -311,8 +320,8 @@ def probe_pruning(cfg: RunConfig, model: torch.nn.Module, result) -> Finding:
                    "as CSR (notebook 04 measures where it pays)", {"prune_structured": True},
                    f"with prune_structured: true the file is {structured['size_bytes'] / 2**20:.2f} MiB "
                    f"({_pct(structured['size_bytes'] / dense['size_bytes'])} of unpruned), test accuracy "
-                   f"{structured['accuracy']:.1%} before any recovery fine-tune (float: {result.accuracy:.1%})"
-)
+                   f"{structured['accuracy']:.1%} before any recovery fine-tune (float: {result.accuracy:.1%})",
+                   {**numbers, "fixed_size_ratio": structured["size_bytes"] / dense["size_bytes"]})
 
 
 def probe_distributed(cfg: RunConfig, nproc: int | None, backend: str | None = None, timeout_s: float | None = None,
@@ -341,7 +350,8 @@ def probe_distributed(cfg: RunConfig, nproc: int | None, backend: str | None = N
         return Finding("distributed_hang", "problem", f"{error} (found in {elapsed:.0f} s)", cause,
                        f"read {rank}'s own error first; keep a process-group timeout (timeout_s: {timeout:g} s here, "
                        "torch's default is 30 minutes for gloo and 10 for NCCL) so a hang fails instead of waiting; "
-                       "gloo on CPUs, nccl on GPUs (NCCL_P2P_DISABLE=1 where GPUs cannot talk directly)")
+                       "gloo on CPUs, nccl on GPUs (NCCL_P2P_DISABLE=1 where GPUs cannot talk directly)",
+                       numbers={"elapsed_s": elapsed, "rank": error.rank, "timeout_s": timeout})
     sha = set(job.distributed["weights_sha256"])
     return Finding("distributed_hang", "ok", f"no: {nproc} ranks on {job.distributed['backend']} finished "
                    f"{job.steps} steps in {time.perf_counter() - start:.0f} s with "

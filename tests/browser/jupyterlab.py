@@ -245,9 +245,6 @@ class NotebookPage:
         output = panel.locator(".widget-output")
         run.images = output.locator("img").count()
         run.ink = [image_ink(src) for src in output.locator("img").evaluate_all("imgs => imgs.map(i => i.src)")]
-        import base64 as _b
-        for _k, _src in enumerate(self.page.evaluate("() => Array.from(document.querySelectorAll('.widget-output img')).map(i => i.src)")):
-            open(f"/tmp/dbg/web{_k}.png", "wb").write(_b.b64decode(_src.split(",", 1)[1]))
         run.notes = [text for text in output.locator(".jp-OutputArea-output").all_inner_texts()
                      if "labkit note" in text]
         if shot is not None:

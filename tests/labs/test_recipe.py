@@ -140,6 +140,7 @@ def test_the_summary_pairs_each_technique_with_its_run_without_it(tmp_path, monk
 def test_reference_rows_give_amps_published_speedup_as_a_time_ratio():
     ref = lab.reference_rows()
     assert sorted(ref.time_ratio.round(3)) == [0.333, 0.5] and ref.source.str.startswith("published").all()
+    assert ref.citation.str.contains("Automatic Mixed Precision").all()
 
 
 def test_broken_configs_and_the_panel(base):
@@ -150,3 +151,4 @@ def test_broken_configs_and_the_panel(base):
     assert cfg.quantize == "int8_static" and cfg.freeze == "medium" and cfg.batch_size == 256
     run = lab.panel_run(lab.panel_config(base).replace(batch_size=64))
     assert run.model_size_bytes < 0.4 * 1.2e6 and 0 <= run.accuracy <= 1 and "int8_static" in str(run)
+    assert run.setting == "bs64 fp32 ckpt 8bit freeze medium int8_static" and run.to_row()["setting"] == run.setting

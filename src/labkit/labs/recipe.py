@@ -114,7 +114,8 @@ def recipe_stages(path: str | Path = RECIPE_PATH) -> list[Stage]:
     return [Stage(STAGE_NAMES.get(owner, owner), changes) for owner, changes in stages.items()]
 
 
-def _cumulative(base: RunConfig, stages: list[Stage]) -> list[tuple[str, RunConfig]]:
+def stacked_configs(base: RunConfig, stages: list[Stage]) -> list[tuple[str, RunConfig]]:
+    """``base`` and then each stage applied on top of the ones before it: ``[(label, config), ...]``."""
     configs, cfg = [("baseline", base)], base
     for stage in stages:
         cfg = cfg.replace(**stage.changes)
@@ -175,11 +176,11 @@ def staged(base: RunConfig | None = None, path: str | Path = RECIPE_PATH, refres
     """
     base = workload() if base is None else base
     stages = recipe_stages(path)
-    seed = _rows(_cumulative(base, stages), SEED, refresh, progress)
+    seed = _rows(stacked_configs(base, stages), SEED, refresh, progress)
     alone = _rows([("baseline", base), *((s.label(), base.replace(**s.changes)) for s in stages)], ALONE, refresh,
                   progress)
     order = measured_order(stages, alone)
-    measured = _rows(_cumulative(base, order), MEASURED, refresh, progress)
+    measured = _rows(stacked_configs(base, order), MEASURED, refresh, progress)
     return Recipe(base, stages, order, seed, alone, measured)
 
 
@@ -292,7 +293,7 @@ class ProfiledStep:
 
 
 @contextlib.contextmanager
-def _quiet_native_output():
+def quiet_native_output():
     """Drop what C++ writes to the process's stdout and stderr meanwhile: the profiler's library (Kineto) logs
     "profiler_start" and, on a CUDA build without a GPU, a harmless "gpuGetDeviceCount failed", which Jupyter would
     show as a red box."""
@@ -337,7 +338,7 @@ def profile_step(cfg: RunConfig, precision: str | None = None, warmup_steps: int
     measure.synchronize(device)
     images, labels = next(batches)
     timer = measure.StepTimer(device)
-    with _quiet_native_output(), torch.profiler.profile(activities=activities) as prof:
+    with quiet_native_output(), torch.profiler.profile(activities=activities) as prof:
         timer.start()
         trainer.step(images, labels)
         timer.stop()
@@ -353,14 +354,19 @@ def profile_step(cfg: RunConfig, precision: str | None = None, warmup_steps: int
     ops["kind"] = ops.operator.map(op_kind)
     kinds = ops.groupby("kind", as_index=False).agg(self_ms=("self_ms", "sum"), operators=("operator", "count"))
     kinds["share"] = kinds.self_ms / kinds.self_ms.sum()
-    folder = cache_dir() / TRACE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    trace = folder / f"{cfg.model}-bs{cfg.batch_size}-{trainer.precision.name}-{device.type}.json"
-    with _quiet_native_output():
+    trace = trace_folder() / f"{cfg.model}-bs{cfg.batch_size}-{trainer.precision.name}-{device.type}.json"
+    with quiet_native_output():
         prof.export_chrome_trace(str(trace))
     return ProfiledStep(trainer.precision.name, ops.head(top).reset_index(drop=True),
                         kinds.sort_values("self_ms", ascending=False).reset_index(drop=True),
                         timer.times_s()[0], trace, device.type)
+
+
+def trace_folder() -> Path:
+    """Where the Chrome traces of profiled steps are written (under the data cache)."""
+    folder = cache_dir() / TRACE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def profile_pair(cfg: RunConfig, warmup_steps: int = 2) -> tuple[ProfiledStep, ProfiledStep]:
@@ -374,6 +380,11 @@ def kinds_table(before: ProfiledStep, after: ProfiledStep) -> pd.DataFrame:
     both = before.kinds[columns].merge(after.kinds[columns], on="kind", how="outer",
                                        suffixes=(f" {before.precision}", f" {after.precision}")).fillna(0.0)
     return both.sort_values(f"self_ms {before.precision}", ascending=False).round(3).reset_index(drop=True)
+
+
+def kinds_frame(before: ProfiledStep, after: ProfiledStep) -> pd.DataFrame:
+    """Both steps' self time by kind, long (``kind``, ``precision``, ``self_ms``, ``share``): a chart's rows."""
+    return pd.concat([step.kinds.assign(precision=step.precision) for step in (before, after)], ignore_index=True)
 
 
 @worded
@@ -451,7 +462,7 @@ def _techniques(prof: Profile) -> list[Technique]:
         Technique("05", "freezing", lambda c: c.freeze not in (None, "none"), lambda c: {"freeze": None},
                   lambda c: ("medium", "heavy", "light", "head_only").index(c.freeze)),
         Technique("08", "LoRA", lambda c: c.lora_rank is not None,
-                  lambda c: {"lora_rank": None, **config.LORA_DEFAULTS}, lambda c: (c.lora_rank != 8, c.lora_rank),
+                  lambda c: {"lora_rank": None, **config.LORA_DEFAULTS}, lambda c: (c.lora_rank != 8, c.lora_targets != ("qkv",), c.lora_rank),
                   ignore=("lr",)),
     ]
 
@@ -614,7 +625,8 @@ def reference_rows() -> pd.DataFrame:
     ref = results.load_reference()
     amp = ref[ref.speedup_vs_fp32.notna()]
     return pd.DataFrame({"label": "01 mixed precision", "time_ratio": 1 / amp.speedup_vs_fp32,
-                         "source": amp.source, "setup": amp.setup})
+                         "source": "published: PyTorch AMP recipe (tensor-core GPUs)", "setup": amp.setup,
+                         "citation": amp.source})
 
 
 @worded
@@ -672,8 +684,10 @@ def panel_run(cfg: RunConfig, on_step=None, progress: bool = False) -> RecipeRun
     """Train ``cfg`` through the cache and report what the recipe's table reports."""
     result = results.cached_fit(cfg, progress=progress, on_step=on_step)
     deployed = result.inference or {}
-    setting = (f"batch {cfg.batch_size}, {result.precision_used}, checkpointing {cfg.checkpointing}, {cfg.optimizer}, "
-               f"freeze {cfg.freeze}, {deployed.get('method', 'not quantized')}")
+    parts = [f"bs{cfg.batch_size}", result.precision_used, "ckpt" if cfg.checkpointing else "",
+             "8bit" if "8bit" in cfg.optimizer else "", f"freeze {cfg.freeze}" if cfg.freeze else "",
+             cfg.quantize or ""]
+    setting = " ".join(part for part in parts if part)  # short: the panel's bars are labelled with it
     return RecipeRun(setting, len(train.run_splits(cfg)["train"]) / result.throughput, result.peak_memory_bytes,
                      deployed.get("accuracy", result.accuracy), deployed.get("size_bytes", result.model_size_bytes),
                      list(result.warnings))
