@@ -236,7 +236,8 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as plain values (a tuple as a list, as JSON and YAML give it back)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_dict(cls, values: dict, source: str = "RunConfig") -> RunConfig:

@@ -292,7 +292,9 @@ class NotebookPage:
         top = 0
         while True:
             shown = self.page.evaluate(f"() => {{ const n = {scroller}; n.scrollTop = {top}; return n.scrollTop; }}")
-            time.sleep(0.4)  # let the newly visible cells paint
+            # Let the newly visible cells paint: two animation frames (layout, then paint), then a short margin.
+            self.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+            time.sleep(0.1)
             png = self.page.screenshot(clip={"x": x, "y": y, "width": width, "height": height})
             canvas.paste(Image.open(io.BytesIO(png)), (0, int(shown)))
             if shown + height >= total:
