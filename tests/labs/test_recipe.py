@@ -81,6 +81,16 @@ def test_measured_order_ranks_by_memory_times_time_and_keeps_inference_last():
     assert [s.name for s in lab.measured_order(stages, alone)] == ["c", "a", "b", "q"]
 
 
+def test_a_precision_that_resolves_to_the_baselines_changes_nothing_and_goes_last():
+    stages = [lab.Stage("amp", {"precision": "auto"}), lab.Stage("freeze", {"freeze": "medium"}),
+              lab.Stage("bf16", {"precision": "bf16"})]
+    alone = pd.DataFrame({"peak_memory_bytes": [100, 100, 50, 60], "epoch_time_s": [1.0, 0.9, 0.6, 1.5],
+                          "precision_used": ["fp32", "fp32", "fp32", "bf16"], "error": [None] * 4})
+    assert lab.changes_nothing(stages[0], alone.iloc[1], alone.iloc[0])  # 0.9x is noise: the same computation
+    assert not lab.changes_nothing(stages[2], alone.iloc[3], alone.iloc[0])
+    assert [s.name for s in lab.measured_order(stages, alone)] == ["freeze", "bf16", "amp"]
+
+
 def test_the_profiled_step_names_operators_by_kind_and_writes_a_trace(base):
     before, after = lab.profile_pair(base.replace(epochs=1, max_steps=8))
     assert before.precision == "fp32" and after.precision == lab.profiler_precision(base) == "bf16"

@@ -154,16 +154,24 @@ class Recipe:
         return pd.concat([self.seed, self.measured], ignore_index=True)
 
 
+def changes_nothing(stage: Stage, row: pd.Series, base: pd.Series) -> bool:
+    """Whether ``stage`` ran the same computation as the baseline here: a precision that resolved to the baseline's
+    (``auto`` is fp32 on a CPU). Its time and memory ratios are then timing noise, not an effect."""
+    return set(stage.changes) == {"precision"} and "precision_used" in row and \
+        row.precision_used == base.precision_used
+
+
 def measured_order(stages: list[Stage], alone: pd.DataFrame) -> list[Stage]:
     """The stages ranked by what each bought alone: the product of its peak-memory and epoch-time ratios to the
-    baseline, smallest first (the most saved); a stage whose run failed goes last, and stages that act on the
-    trained model (quantization, pruning) stay after the training ones."""
+    baseline, smallest first (the most saved). A stage that changes nothing here (`changes_nothing`) or whose run
+    failed goes after the others, and stages that act on the trained model (quantization, pruning) stay last."""
     base = alone.iloc[0]
     score = {}
     for stage, (_, row) in zip(stages, alone.iloc[1:].iterrows(), strict=True):
         ratios = [row[m] / base[m] for m in ORDER_METRICS]
-        score[stage.key] = math.inf if not pd.isna(row.error) or any(map(math.isnan, ratios)) else math.prod(ratios)
-    return sorted(stages, key=lambda s: (s.inference, score[s.key]))
+        failed = not pd.isna(row.error) or any(map(math.isnan, ratios))
+        score[id(stage)] = (failed, changes_nothing(stage, row, base), math.inf if failed else math.prod(ratios))
+    return sorted(stages, key=lambda s: (s.inference, *score[id(s)]))
 
 
 def staged(base: RunConfig | None = None, path: str | Path = RECIPE_PATH, refresh: bool = False,
@@ -249,6 +257,12 @@ def recipe_finding(rec: Recipe) -> str:
         if weak:
             lines.append("Bought almost nothing in time, memory or size where they stand in this order: "
                          + ", ".join(weak) + ".")
+    alone_base = rec.alone.iloc[0]
+    idle = [stage.label() for stage, (_, row) in zip(rec.stages, rec.alone.iloc[1:].iterrows(), strict=True)
+            if changes_nothing(stage, row, alone_base)]
+    if idle:
+        lines.append(f"Changes nothing on this device: {', '.join(idle)} resolved to the baseline's "
+                     f"{alone_base.precision_used}; its ratios are timing noise, so it goes last in the measured order.")
     seed_keys, measured_keys = [s.key for s in rec.stages], [s.key for s in rec.order]
     if seed_keys == measured_keys:
         lines.append("The measurements suggest the seed's own order.")
