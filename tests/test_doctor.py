@@ -116,3 +116,19 @@ def test_bad_input_is_named(tmp_path, capsys):
         labkit.doctor({"lr": 0.1})
     with pytest.raises(ConfigError, match="symptom.*nan_loss"):
         labkit.doctor(labkit.RunConfig(max_steps=8, train_size=192))["nan"]
+
+
+def test_an_fp16_overflow_is_blamed_on_fp16_when_a_wider_precision_trains(cfg, monkeypatch):
+    """fp16 overflowing (NaN) while bf16/fp32 train fine: the remedy is the precision, tried before the lr."""
+    def losses(run_cfg):
+        if run_cfg.precision == "fp16":
+            return None, "the loss became nan at step 3"
+        return [2.5, 1.9], "the loss went from 2.5 at step 1 to 1.9 at step 2"
+
+    monkeypatch.setattr(doctor, "_losses", losses)
+    monkeypatch.setattr(doctor, "resolve_precision", lambda requested, device: type("P", (), {
+        "name": requested, "emulated": requested == "bf16"})())
+    finding, trained = doctor.probe_nan(cfg.replace(precision="fp16"))
+    assert finding.problem and not trained and "fp16 overflow" in finding.cause
+    assert finding.fix == {"precision": "fp32"}  # bf16 is emulated here: fp32 is the safer one
+    assert finding.checked.startswith("precision=fp32: the loss went from 2.5")
