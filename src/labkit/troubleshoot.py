@@ -342,7 +342,7 @@ def probe_distributed(cfg: RunConfig, nproc: int | None, backend: str | None = N
                        "agree on or the machine cannot give (devices, backend, batch split)",
                        f"set {error.field} to {allowed}")
     except DistributedError as error:
-        elapsed = time.perf_counter() - start
+        elapsed = error.elapsed_s or time.perf_counter() - start  # the job's own time (a cached failure is instant)
         hung = "waited" in str(error) or "timeout" in str(error).lower()
         rank = f"rank {error.rank}" if error.rank is not None else "a rank"
         cause = (f"{rank} stopped taking part (hung) while the others waited in an all-reduce" if hung else

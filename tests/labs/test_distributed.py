@@ -73,6 +73,12 @@ def test_a_rank_that_raises_ends_the_job_with_its_name(cfg):
         lab.launch(cfg, nproc=2, fail_rank=1, fail_step=2, progress=False)
     assert info.value.rank == 1 and info.value.exit_code != 0 and time.perf_counter() - start < 60
     assert "[/" not in str(info.value)  # gloo's C++ source paths are left out
+    start = time.perf_counter()  # the same failure again: from the cache, the same error and the job's own time
+    with pytest.raises(DistributedError) as again:
+        lab.launch(cfg, nproc=2, fail_rank=1, fail_step=2, progress=False)
+    assert time.perf_counter() - start < 5 and str(again.value) == str(info.value)
+    assert (again.value.rank, again.value.exit_code, again.value.elapsed_s) == \
+        (info.value.rank, info.value.exit_code, info.value.elapsed_s)
 
 
 @pytest.mark.parametrize("how, message", [

@@ -216,8 +216,10 @@ def _failure(out: Path, nproc: int, code: int | None, elapsed_s: float, log: lis
     return DistributedError(message, rank=root["rank"], exit_code=code, elapsed_s=elapsed_s, log=tail)
 
 
-def _run_job(command: list[str], env: dict, out: Path, nproc: int, limit_s: float, progress: bool, desc: str) -> float:
-    """Run torchrun, print rank 0's lines, move a bar; return the wall time or raise `DistributedError`."""
+def _run_job(command: list[str], env: dict, out: Path, nproc: int, limit_s: float, progress: bool, desc: str,
+             printed: list | None = None) -> float:
+    """Run torchrun, print rank 0's lines (and add them to ``printed``), move a bar; return the wall time or raise
+    `DistributedError`."""
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                start_new_session=True)  # its own process group: stopping it stops every rank
@@ -248,6 +250,8 @@ def _run_job(command: list[str], env: dict, out: Path, nproc: int, limit_s: floa
                 bar.refresh()
             elif line.startswith(LINE):
                 print(f"[rank 0] {line[len(LINE):]}", flush=True)
+                if printed is not None:
+                    printed.append(f"[rank 0] {line[len(LINE):]}")
             else:
                 log.append(line)
     except BaseException:  # Ctrl-C in the notebook: stop every rank, not just torchrun
@@ -284,7 +288,8 @@ def launch(cfg: RunConfig, nproc: int = 2, fail_rank: int | None = None, fail_st
     The command is ``torchrun --standalone --nproc_per_node=N -m labkit.worker ...`` (gloo on a CPU, nccl
     on GPUs, one GPU per process). ``cfg.batch_size`` is the global batch: each rank takes
     ``batch_size / nproc`` of it. Rank 0's lines are printed here; a bar follows its steps. Finished
-    jobs are cached like `labkit.results.cached_fit` (not the ones that fail on purpose).
+    jobs are cached like `labkit.results.cached_fit`, and so is the error of a job told to fail (``fail_rank``):
+    a rerun raises it again at once, with rank 0's lines printed as they were.
 
     Args:
         cfg: the run. nproc: processes (ranks), at most one per GPU or CPU core.
@@ -325,6 +330,18 @@ def launch(cfg: RunConfig, nproc: int = 2, fail_rank: int | None = None, fail_st
     key = (f"{results.cache_key(cfg, env)}-launch-{strategy}-n{nproc}-{backend}-b{bucket_cap_mb:g}-t{threads}-"
            f"timeout{timeout_s:g}")
     path = results.results_dir() / f"{key}.json"
+    failed_path = results.results_dir() / f"{key}-fail-r{fail_rank}-s{fail_step}-{fail_how}.json"
+    if failing and not refresh and failed_path.exists():  # a failure on purpose is a result too: shown again
+        try:
+            record = json.loads(failed_path.read_text())
+            error = DistributedError(record["message"], rank=record["rank"], exit_code=record["exit_code"],
+                                     elapsed_s=record["elapsed_s"], log=record["log"])
+        except (ValueError, KeyError, TypeError):
+            failed_path.unlink()
+        else:
+            for line in record.get("printed", []):
+                print(line, flush=True)
+            raise error
     if not failing and not refresh and path.exists():
         try:
             cached = RunResult.from_dict(json.loads(path.read_text()))
@@ -343,7 +360,16 @@ def launch(cfg: RunConfig, nproc: int = 2, fail_rank: int | None = None, fail_st
     child_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                  **distributed.nccl_environment(env.get("gpu"), nproc, os.environ)}
     limit = limit_s if limit_s is not None else timeout_s + START_UP_S + 1200.0
-    elapsed = _run_job(command, child_env, out, nproc, limit, progress, f"{cfg.model} on {nproc} process(es)")
+    printed: list[str] = []
+    try:
+        elapsed = _run_job(command, child_env, out, nproc, limit, progress, f"{cfg.model} on {nproc} process(es)",
+                           printed)
+    except DistributedError as error:
+        if failing:  # cached like a finished job, so a rerun (or the browser test after nbval) shows it at once
+            results.write_json_atomic(failed_path, {"message": str(error), "rank": error.rank,
+                                                    "exit_code": error.exit_code, "elapsed_s": error.elapsed_s,
+                                                    "log": error.log, "printed": printed})
+        raise
     result = RunResult.from_dict(json.loads((out / "result.json").read_text()))
     shutil.rmtree(out, ignore_errors=True)  # a failed job's folder stays, with its log and error records
     result.distributed.update({"nproc": nproc, "threads_per_rank": threads, "launch_time_s": elapsed,
@@ -537,8 +563,8 @@ def fault_demo(cfg: RunConfig, nproc: int = 2, fail_rank: int = 1, fail_step: in
     try:
         launch(cfg, nproc=nproc, fail_rank=fail_rank, fail_step=fail_step, fail_how=how, timeout_s=timeout_s,
                progress=progress)
-    except DistributedError as error:
-        return FaultDemo(how, error, time.perf_counter() - start, timeout_s)
+    except DistributedError as error:  # the job's own time: a cached failure comes back at once
+        return FaultDemo(how, error, error.elapsed_s or time.perf_counter() - start, timeout_s)
     raise DistributedError(f"rank {fail_rank} was told to fail after step {fail_step}, yet the job finished")
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import data, results, train
-from ..env import has_tensor_cores, native_bf16
+from ..env import has_tensor_cores, native_bf16, profile
 from ..errors import ConfigError
 from ..measure import PEAK_FLOPS
 from ..messages import note, worded
@@ -116,7 +116,8 @@ def gradient_underflow(cfg, loss_multipliers=(1.0,), scale: float = 2.0**16) -> 
     return pd.DataFrame(rows)
 
 
-def scaler_trace(cfg, steps: int | None = None, init_scale: float = 2.0**16, growth_interval: int = 2000):
+def scaler_trace(cfg, steps: int | None = None, init_scale: float = 2.0**16, growth_interval: int = 2000,
+                 refresh: bool = False):
     """Train in fp16 with a GradScaler and record its scale and the skipped steps, step by step.
 
     The scaler multiplies the loss by ``scale`` before backward. When a gradient comes out inf/NaN
@@ -129,15 +130,26 @@ def scaler_trace(cfg, steps: int | None = None, init_scale: float = 2.0**16, gro
 
     Example:
         >>> tr = scaler_trace(cfg, steps=30); tr.skipped.sum()
+
+    Measured once per config and settings, then read from the cache (``refresh=True`` trains again).
     """
+    trace = results.cached_frame("mp-scaler-trace", [cfg], lambda: _trace_scaler(cfg, steps, init_scale,
+                                                                                   growth_interval),
+                                 refresh=refresh, steps=steps, init_scale=init_scale, growth_interval=growth_interval)
+    planned = steps or cfg.max_steps
+    if planned and len(trace) < planned:  # said on every call, the cached one too
+        note(f"fp16 is emulated here, so the scaler trace covers {len(trace)} of {planned} steps "
+             f"(the {profile().name} profile's limit for emulated runs)")
+    return trace
+
+
+def _trace_scaler(cfg, steps: int | None, init_scale: float, growth_interval: int) -> pd.DataFrame:
     trainer = train.Trainer(cfg.replace(precision="fp16", evaluate=False))
     trainer.scaler = torch.amp.GradScaler(trainer.device.type, init_scale=init_scale,
                                           growth_interval=growth_interval)
     steps = steps or cfg.max_steps or len(trainer.loader)
     limit = train.emulated_step_limit(trainer.profile)
     if trainer.precision.emulated and steps > limit:
-        note(f"fp16 is emulated here, so the scaler trace covers {limit} of {steps} steps "
-             f"(the {trainer.profile.name} profile's limit for emulated runs)")
         steps = limit
     rows = []
     for step, (images, labels) in enumerate(trainer.batches(steps), start=1):
