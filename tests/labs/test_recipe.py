@@ -65,6 +65,8 @@ def test_staged_stacks_each_stage_on_the_ones_before(base, small_recipe):
     assert rec.seed.epoch_time_s.gt(0).all() and rec.seed.deployed_accuracy.between(0, 1).all()
     table = lab.stage_table(rec)
     assert len(table) == 10 and table["vs baseline"].iloc[0] == 1.0
+    with pytest.raises(ConfigError, match="which='both' is not allowed: 'stacked'"):
+        lab.stage_table(rec, "both")
     text = lab.recipe_finding(rec)
     assert "The whole recipe" in str(text) and all(len(line) <= 100 for line in str(text).splitlines())
     with pytest.raises(ConfigError, match="seed's training stages"):

@@ -194,6 +194,8 @@ def staged(base: RunConfig | None = None, path: str | Path = RECIPE_PATH, refres
 
 def stage_table(rec: Recipe, which: str = "stacked") -> pd.DataFrame:
     """The stages in display units: ``stacked`` (the seed's order, then the measured one) or ``alone``."""
+    if which not in ("stacked", "alone"):
+        raise ConfigError("which", which, "'stacked' (both orders) or 'alone' (each stage on the baseline)")
     frame = rec.frame if which == "stacked" else rec.alone
     base = frame.iloc[0]
     table = pd.DataFrame({
