@@ -8,12 +8,16 @@ LAB_ARGS ?=
 # Jupyter refuses to start as root (containers, cloud VMs) unless told that it is meant.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: install lab test strip clean-cache
+.PHONY: install lab test notebooks strip clean-cache
 
-$(BIN)/.labkit-installed: pyproject.toml
+# JupyterLab's settings for this environment only (its sys.prefix overrides): no news pop-up over the notebook.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+
+$(BIN)/.labkit-installed: pyproject.toml scripts/jupyterlab-overrides.json
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH_PIN)
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	mkdir -p $(dir $(LAB_OVERRIDES)) && cp scripts/jupyterlab-overrides.json $(LAB_OVERRIDES)
 	touch $@
 
 install: $(BIN)/.labkit-installed
@@ -24,7 +28,10 @@ lab: install
 test: install
 	PYTHON=$(BIN)/python bash scripts/test.sh
 
-strip:  # remove outputs from every notebook before committing
+notebooks: install  # build every notebooks/NN_name.ipynb from its source notebooks/src/NN_name.py
+	$(BIN)/python scripts/build_notebooks.py
+
+strip:  # remove outputs from every notebook (a notebook saved from JupyterLab); `make notebooks` writes none
 	$(BIN)/nbstripout notebooks/*.ipynb
 
 clean-cache:

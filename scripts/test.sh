@@ -27,9 +27,14 @@ part() {
 
 part lint "$BIN/ruff" check .
 part import-layers "$BIN/lint-imports"  # the engine's layers: [tool.importlinter] in pyproject.toml
-part unit-tests "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/browser
+# Both cores: two pytest workers of one thread each (two workers of two threads each ran slower than one). A test
+# file (--dist loadfile) or a notebook's cells (nbval needs them in order, in one kernel) stay on one worker.
+XDIST=(-n 2 --dist loadfile)
+part unit-tests env OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/browser \
+  "${XDIST[@]}" --durations=15
 part widgets-ipywidgets7 bash tests/widgets_ipywidgets7.sh
-part notebooks "$PY" -m pytest --nbval-lax --nbval-current-env -q -p no:cacheprovider notebooks/
+part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest --nbval-lax --nbval-current-env -q -p no:cacheprovider \
+  "${XDIST[@]}" --durations=15 notebooks/
 # After nbval, so that the notebooks' runs come from the result cache it filled (the panels' runs use new
 # settings, so they train for real); two notebooks at a time on CI's 2 cores. Screenshots: build/browser/.
 # Without Chromium this part says how to get it and skips; .ci/run sets LABKIT_REQUIRE_BROWSER=1, where it fails.

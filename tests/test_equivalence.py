@@ -6,7 +6,8 @@ import torch.nn.functional as F
 
 from labkit.equivalence import compare_step
 from labkit.errors import ConfigError
-from labkit.labs.code_exercises import amp_step_solution, exercise_config
+from labkit.exercises import exercise_config
+from labkit.labs.mixed_precision.exercises import amp_step_solution
 
 
 def plain_step(model, images, labels, optimizer):

@@ -7,11 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from . import exercises, labs  # noqa: F401 - importing labs registers the code exercises
 from .bench import run_bench
 from .config import load_config, parse_yaml
 from .env import env_report
 from .errors import ConfigError, LabkitError
+from .labs.catalog import all_exercises
 from .messages import wrap
 from .pretrain import pretrain
 from .results import cached_fit, sweep, to_frame
@@ -80,11 +80,12 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_solutions(args) -> int:
-    wanted = args.names or exercises.names()
+    every = all_exercises()
+    wanted = args.names or every.names()
     for name in wanted:
-        exercise = exercises.get(name)
+        exercise = every.get(name)
         example = " (with example numbers: the notebook uses yours)" if getattr(exercise, "from_run", ()) else ""
-        print(f"## {name}{example}\n{wrap(exercise.question)}\n\nSolution:\n{exercises.solution(name)}\n")
+        print(f"## {name}{example}\n{wrap(exercise.question)}\n\nSolution:\n{every.solution(name)}\n")
     return 0
 
 

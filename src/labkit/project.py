@@ -1,6 +1,6 @@
 """What labkit is and where it lives: its version, and the one place the repository URL is written
-(notebook badges and install cells are generated from it by ``python scripts/sync_notebooks.py``, and a
-test checks that they agree)."""
+(`make notebooks` writes each notebook's badges and install cell from it, and a test checks that every
+committed notebook equals its build)."""
 
 __version__ = "0.1.0"
 REPO = "labkit-lab/labkit"

@@ -8,9 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from labkit import exercises
-from labkit.exercises import WrongAnswer, check
-from labkit.labs import code_exercises
+from labkit.exercises import WrongAnswer
+from labkit.labs.catalog import all_exercises
+from labkit.labs.recipe.exercises import measured_order_solution
+from labkit.labs.start_here.exercises import time_steps_solution
+
+exercises = all_exercises()  # every notebook's, by name
+check = exercises.check
 
 CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel", "07.shard",
         "08.lora_forward", "09.measured_order"]
@@ -62,7 +66,7 @@ def test_timer_mistakes_are_named(sync_after_warmup, sync_each_step, hint):
 
 def test_a_timer_that_times_the_warm_up_is_caught():
     def times_everything(step, sync, warmup=3, repeats=10):
-        return code_exercises.time_steps_solution(step, sync, warmup=0, repeats=warmup + repeats)
+        return time_steps_solution(step, sync, warmup=0, repeats=warmup + repeats)
 
     with pytest.raises(WrongAnswer, match="11 times returned for repeats=8"):
         check("00.timer", times_everything)
@@ -257,7 +261,7 @@ def _by(key):
 
 @pytest.mark.parametrize("mistake, hint", [
     (_by(lambda a: lambda n: (a[n]["inference"], -a[n]["memory_ratio"] * a[n]["time_ratio"])), "the most saved"),
-    (lambda alone: list(reversed(code_exercises.measured_order_solution(alone))), "reversed"),
+    (lambda alone: list(reversed(measured_order_solution(alone))), "reversed"),
     (_by(lambda a: lambda n: a[n]["memory_ratio"] * a[n]["time_ratio"]), "go after every training stage"),
     (_by(lambda a: lambda n: (a[n]["inference"], a[n]["memory_ratio"])), "ranked by memory alone"),
     (lambda alone: list(alone)[:-1], "every stage name once"),

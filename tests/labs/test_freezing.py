@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from labkit import exercises, models
+from labkit import models
 from labkit.errors import ConfigError
 from labkit.labs import freezing as lab
+from labkit.labs.freezing import exercises
 from labkit.units import change
 
 

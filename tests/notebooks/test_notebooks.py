@@ -8,11 +8,14 @@ from pathlib import Path
 import pytest
 
 from labkit import exercises, project
+from labkit.labs import catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 sys.path.insert(0, str(ROOT / "scripts"))
-import sync_notebooks  # noqa: E402
+import build_notebooks  # noqa: E402
+
+SOURCES = build_notebooks.sources()
 
 
 def cells(path, kind=None):
@@ -37,11 +40,37 @@ def test_committed_without_outputs(path):
     assert not dirty, f"{path.name}: code cells {dirty} have outputs; run `make strip`"
 
 
+def test_every_notebook_has_one_source():
+    assert [p.stem for p in NOTEBOOKS] == [s.stem for s in SOURCES]
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_committed_notebook_is_its_build(src):
+    assert build_notebooks.difference(src) is None, build_notebooks.difference(src)
+
+
+def test_a_stale_notebook_is_named_with_its_first_differing_cell(tmp_path, monkeypatch):
+    src = SOURCES[0]
+    committed = json.loads(build_notebooks.built_path(src).read_text())
+    committed["cells"][5]["source"] = ["an edit made in JupyterLab instead of the source"]
+    stale = tmp_path / build_notebooks.built_path(src).name
+    stale.write_text(json.dumps(committed))
+    monkeypatch.setattr(build_notebooks, "built_path", lambda s: stale)
+    assert build_notebooks.difference(src).startswith(f"{stale.name}: cell 5 differs from its build (source)")
+
+
+def test_a_source_without_the_closing_sections_is_refused(tmp_path):
+    broken = tmp_path / SOURCES[0].name
+    broken.write_text(SOURCES[0].read_text().replace("## Going further", "## More"))
+    with pytest.raises(build_notebooks.BuildError, match=r"closing sections must be .*Going further"):
+        build_notebooks.build(broken)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_badges_and_install_line_follow_the_one_repo_url(path):
-    assert sync_notebooks.sync(path, check=True) == [], "run `python scripts/sync_notebooks.py`"
     first = source(cells(path)[0])
-    assert first.startswith("# ") and project.badges(path.name) in first
+    assert first.startswith(f"# {path.name[:2]} · ") and project.badges(path.name) in first
+    assert f'%pip install -q "{project.install_spec(path.name)}"' in source(cells(path, "code")[0])
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -93,8 +122,9 @@ def test_exercises_include_code_and_the_learners_own_numbers(path):
     checks = [c for c in code if "exercises.check(" in c]
     assert checks
     names = re.findall(r'exercises\.check\("([^"]+)"', "\n".join(checks))
-    assert all(name in exercises.names() for name in names), names
-    kinds = {name: exercises.get(name) for name in names}
+    own_lab = catalog.NOTEBOOKS[path.stem].EXERCISES  # the notebook's exercises sit with its lab
+    assert sorted(names) == sorted(own_lab.names()), (names, own_lab.names())  # every one, none from elsewhere
+    kinds = {name: own_lab.get(name) for name in names}
     coded = [n for n, e in kinds.items() if isinstance(e, exercises.CodeExercise)]
     own = [n for n, e in kinds.items() if getattr(e, "from_run", ())]
     assert coded and own, f"{path.name}: needs a code exercise and one on the learner's own numbers"
@@ -110,7 +140,8 @@ def test_header_says_what_you_need_how_long_and_what_is_inside(path):
     header = source(cells(path)[0])
     assert "**You will learn**" in header and "**What you need:**" in header and "**Contents:**" in header
     time = re.sub(r"\s+", " ", header.split("**Time:**")[1])
-    assert re.match(r" about .+? at `quick` on a 2-core CPU, about .+? at `full` on a T4", time), time
+    assert re.match(r" about \d+ minutes? of compute at `quick` on a 2-core CPU \(measured: .+?\), about .+? at "
+                    r"`full` on a T4 .+?; about \d+ minutes of reading\.", time), time
     for part in ("Pitfalls", "Going further", "Summary", "Further reading", "Exercises"):
         assert part in header, part
 

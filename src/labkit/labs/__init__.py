@@ -1,7 +1,7 @@
-"""Each notebook's experiments and the findings worded from their live numbers, one module per notebook.
+"""Each notebook's experiments and the findings worded from their live numbers, one package per notebook.
 
-A lab module answers "what does the technique do to time, memory, accuracy and size here"; the
-technique itself (what a learner copies into their own loop) is in `labkit.techniques`.
+A lab answers "what does the technique do to time, memory, accuracy and size here"; the technique itself
+(what a learner copies into their own loop) is in `labkit.techniques`. Each lab's exercises are in its
+``exercises`` module; `labkit.labs.catalog` lists every notebook's lab and exercises. Importing this package
+imports no lab.
 """
-
-from . import code_exercises  # noqa: F401 - registers the notebooks' code exercises with labkit.exercises

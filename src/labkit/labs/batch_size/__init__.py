@@ -22,18 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import data, measure, models, results
-from ..capacity import fit_linear_memory, memory_model, step_memory
-from ..config import RunConfig
-from ..env import PROFILES, env_report, profile, resolve_device, set_tf32
-from ..errors import ConfigError
-from ..measure import accuracy_noise
-from ..messages import worded
-from ..techniques.optimizers import scale_lr
-from ..techniques.precision import autocast, resolve_precision
-from ..train import run_splits
-from ..units import mib
-from ..validate import check_positive_int, is_int
+from ... import data, measure, models, results
+from ...capacity import fit_linear_memory, memory_model, step_memory
+from ...config import RunConfig
+from ...env import PROFILES, env_report, profile, resolve_device, set_tf32
+from ...errors import ConfigError
+from ...measure import accuracy_noise
+from ...messages import worded
+from ...techniques.optimizers import scale_lr
+from ...techniques.precision import autocast, resolve_precision
+from ...train import run_splits
+from ...units import mib
+from ...validate import check_positive_int, is_int
 
 BATCHNORM_MODES = ("train", "eval", "none")
 

@@ -38,16 +38,16 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .. import config, data, models, results, train
-from ..capacity import training_memory
-from ..config import RunConfig
-from ..env import Profile, env_report, profile, resolve_device
-from ..errors import ConfigError, DistributedError
-from ..messages import worded
-from ..result import RunResult
-from ..techniques import distributed
-from ..validate import is_int, is_number
-from ..worker import LINE, PROGRESS
+from ... import config, data, models, results, train
+from ...capacity import training_memory
+from ...config import RunConfig
+from ...env import Profile, env_report, profile, resolve_device
+from ...errors import ConfigError, DistributedError
+from ...messages import worded
+from ...result import RunResult
+from ...techniques import distributed
+from ...validate import is_int, is_number
+from ...worker import LINE, PROGRESS
 
 WORKER = ["-m", "labkit.worker"]
 START_UP_S = 120.0  # allowed for torchrun, the imports and the rendezvous, on top of the training

@@ -31,14 +31,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, RandomSampler
 
-from .. import data, measure, models, results, train
-from ..config import RunConfig
-from ..env import env_report, profile, resolve_device
-from ..errors import ConfigError
-from ..measure import accuracy_noise
-from ..messages import worded
-from ..result import RunResult
-from ..techniques.freezing import (
+from ... import data, measure, models, results, train
+from ...config import RunConfig
+from ...env import env_report, profile, resolve_device
+from ...errors import ConfigError
+from ...measure import accuracy_noise
+from ...messages import worded
+from ...result import RunResult
+from ...techniques.freezing import (
     LEVELS,
     cache_features,
     discriminative_param_groups,
@@ -47,9 +47,9 @@ from ..techniques.freezing import (
     gradual_unfreeze,
     is_frozen_batchnorm,
 )
-from ..techniques.precision import autocast, resolve_precision
-from ..units import change, mib, ratio
-from ..validate import check_positive_int, is_number
+from ...techniques.precision import autocast, resolve_precision
+from ...units import change, mib, ratio
+from ...validate import check_positive_int, is_number
 
 GFLOP = 1e9
 

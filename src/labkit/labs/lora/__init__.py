@@ -35,16 +35,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import config, data, measure, models, results, train
-from ..config import RunConfig
-from ..data import cache_dir
-from ..env import Profile, env_report, import_bitsandbytes, is_online, profile, resolve_device
-from ..errors import ConfigError, UnsupportedError
-from ..inference import example_batch, latencies
-from ..measure import accuracy_noise
-from ..messages import worded, wrap
-from ..techniques import quantization
-from ..techniques.lora import (
+from ... import config, data, measure, models, results, train
+from ...config import RunConfig
+from ...data import cache_dir
+from ...env import Profile, env_report, import_bitsandbytes, is_online, profile, resolve_device
+from ...errors import ConfigError, UnsupportedError
+from ...inference import example_batch, latencies
+from ...measure import accuracy_noise
+from ...messages import worded, wrap
+from ...techniques import quantization
+from ...techniques.lora import (
     ALL_LINEAR,
     LoRALinear,
     add_lora,
@@ -52,9 +52,9 @@ from ..techniques.lora import (
     matching_linears,
     merge_and_unload,
 )
-from ..techniques.precision import autocast, resolve_precision
-from ..units import mib
-from ..validate import is_int
+from ...techniques.precision import autocast, resolve_precision
+from ...units import mib
+from ...validate import is_int
 
 VIT = "tiny_vit"
 ATTENTION = ("qkv",)  # tiny_vit computes q, k and v with one Linear (as timm's ViT does)

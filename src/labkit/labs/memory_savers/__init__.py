@@ -22,17 +22,17 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .. import data, measure, models, results, train
-from ..capacity import model_training_memory, step_memory, training_memory
-from ..config import RunConfig
-from ..env import env_report
-from ..errors import ConfigError
-from ..messages import worded
-from ..techniques.checkpointing import Segment, checkpoint_blocks, checkpoint_segments
-from ..techniques.optimizers import EIGHT_BIT_OPTIMIZERS, MIN_8BIT_SIZE
-from ..techniques.precision import autocast, low_precision_for
-from ..units import GB, GIB, TB, TIB, change, mib, ratio
-from ..validate import is_int, is_number
+from ... import data, measure, models, results, train
+from ...capacity import model_training_memory, step_memory, training_memory
+from ...config import RunConfig
+from ...env import env_report
+from ...errors import ConfigError
+from ...messages import worded
+from ...techniques.checkpointing import Segment, checkpoint_blocks, checkpoint_segments
+from ...techniques.optimizers import EIGHT_BIT_OPTIMIZERS, MIN_8BIT_SIZE
+from ...techniques.precision import autocast, low_precision_for
+from ...units import GB, GIB, TB, TIB, change, mib, ratio
+from ...validate import is_int, is_number
 
 
 def _profile_blocks(model: nn.Module, x: torch.Tensor) -> dict:

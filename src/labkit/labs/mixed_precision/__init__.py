@@ -18,13 +18,13 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .. import data, results, train
-from ..env import has_tensor_cores, native_bf16, profile
-from ..errors import ConfigError
-from ..measure import PEAK_FLOPS
-from ..messages import note, worded
-from ..techniques.precision import DTYPES, Precision, autocast
-from ..units import MIB, change_between
+from ... import data, results, train
+from ...env import has_tensor_cores, native_bf16, profile
+from ...errors import ConfigError
+from ...measure import PEAK_FLOPS
+from ...messages import note, worded
+from ...techniques.precision import DTYPES, Precision, autocast
+from ...units import MIB, change_between
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24  # ~6e-8: anything smaller in magnitude rounds to 0 in fp16
 FP16_SMALLEST_NORMAL = 2.0**-14  # ~6e-5: below it fp16 loses precision (subnormals)

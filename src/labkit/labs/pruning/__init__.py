@@ -30,15 +30,15 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .. import data, measure, results, train
-from ..config import RunConfig
-from ..env import Profile, env_report, profile, resolve_device
-from ..errors import ConfigError
-from ..inference import LATENCY_BATCH, LATENCY_ROUNDS, _splits, accuracy, example_batch, latencies  # noqa: F401 (04 uses them)
-from ..messages import worded, wrap
-from ..techniques import pruning
-from ..units import change, mib
-from ..validate import is_int
+from ... import data, measure, results, train
+from ...config import RunConfig
+from ...env import Profile, env_report, profile, resolve_device
+from ...errors import ConfigError
+from ...inference import LATENCY_BATCH, LATENCY_ROUNDS, _splits, accuracy, example_batch, latencies  # noqa: F401 (04 uses them)
+from ...messages import worded, wrap
+from ...techniques import pruning
+from ...units import change, mib
+from ...validate import is_int
 
 PUZZLE_AMOUNTS = (0.0, 0.2, 0.4, 0.6, 0.8)  # the seeds' range
 SCAN_SPARSITIES = (0.3, 0.5, 0.7, 0.9)

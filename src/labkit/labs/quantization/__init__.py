@@ -28,16 +28,16 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .. import config, data, measure, results, train
-from ..config import RunConfig
-from ..env import Profile, cpu_fp16_native, cuda_usable, profile
-from ..errors import ConfigError, UnsupportedError
-from ..inference import LATENCY_BATCH, LATENCY_ROUNDS, accuracy, example_batch, latencies, model_device
-from ..messages import worded, wrap
-from ..techniques import quantization
-from ..techniques.quantization import METHODS
-from ..units import mib
-from ..validate import is_int
+from ... import config, data, measure, results, train
+from ...config import RunConfig
+from ...env import Profile, cpu_fp16_native, cuda_usable, profile
+from ...errors import ConfigError, UnsupportedError
+from ...inference import LATENCY_BATCH, LATENCY_ROUNDS, accuracy, example_batch, latencies, model_device
+from ...messages import worded, wrap
+from ...techniques import quantization
+from ...techniques.quantization import METHODS
+from ...units import mib
+from ...validate import is_int
 
 VIT = "tiny_vit"
 QAT = "int8_qat"  # the table's row for quantization-aware training (a fine-tune, not a post-training method)

@@ -10,7 +10,7 @@
 - `summary`, `summary_finding`, `reference_rows`: what each technique of notebooks 01-08 bought on this machine,
   read from the learner's cached runs, beside the published figures.
 - `panel_config`, `panel_run`, `RecipeRun`: the panel; `own_stack_numbers`, `stacked_memory_ratio`: exercise
-  ``09.own_stack``; `labkit.labs.code_exercises` has ``09.measured_order``.
+  ``09.own_stack`` and ``09.measured_order`` (in `exercises`).
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import config, measure, results, train
-from ..config import RunConfig, load_config, parse_yaml
-from ..data import cache_dir
-from ..env import Profile, env_report, profile, resolve_device
-from ..errors import ConfigError
-from ..messages import worded, wrap
-from ..result import RunResult
-from ..techniques.precision import resolve_precision
-from ..units import mib
+from ... import config, measure, results, train
+from ...config import RunConfig, load_config, parse_yaml
+from ...data import cache_dir
+from ...env import Profile, env_report, profile, resolve_device
+from ...errors import ConfigError
+from ...messages import worded, wrap
+from ...result import RunResult
+from ...techniques.precision import resolve_precision
+from ...units import mib
 
-RECIPE_PATH = Path(__file__).resolve().parents[1] / "assets" / "recipes" / "seed_recipe.yaml"
+RECIPE_PATH = Path(__file__).resolve().parents[2] / "assets" / "recipes" / "seed_recipe.yaml"
 # Fields that belong to the stage of another field (LoRA's rank carries its targets, quantize its kept layers).
 STAGE_OF = {"lora_targets": "lora_rank", "lora_alpha": "lora_rank", "lora_dropout": "lora_rank",
             "quantize_keep_float": "quantize", "prune_structured": "prune_amount"}

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..config import RunConfig
-from ..measure import PEAK_FLOPS, TimingPitfalls, timing_pitfalls
-from ..messages import worded
-from ..result import MEMORY_CATEGORIES, RunResult
-from ..train import Trainer
-from ..units import mib
+from ...config import RunConfig
+from ...measure import PEAK_FLOPS, TimingPitfalls, timing_pitfalls
+from ...messages import worded
+from ...result import MEMORY_CATEGORIES, RunResult
+from ...train import Trainer
+from ...units import mib
 
 # The GPUs a learner of this lab meets (free Colab/Kaggle: T4, P100 PCIe; a rented one: A100), at the dtypes
 # their datasheets quote for training: fp32 (CUDA cores) and fp16 (tensor cores where there are any).
@@ -192,7 +192,7 @@ def warmup_numbers(tp: TimingPitfalls, steps: int = 10) -> dict:
     """Your own numbers for exercise ``00.warmup_error``: the timing demo's first call and warm median.
 
     Example:
-        >>> print(labkit.exercises.question("00.warmup_error", warmup_numbers(tp)))
+        >>> print(exercises.question("00.warmup_error", warmup_numbers(tp)))
     """
     return {"first_call_s": _three_digits(tp.first_call_s), "warm_median_s": _three_digits(tp.warm_median_s),
             "steps": steps}

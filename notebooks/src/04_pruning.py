@@ -1,0 +1,432 @@
+# %% [markdown]
+# # Pruning: why zeros alone change nothing, and how to make pruning real
+#
+# The seeds of this lab pruned a fine-tuned CNN by weight magnitude at 20 to 80 % and found a puzzle:
+# memory, file size and speed did not move, and accuracy sometimes *rose*. This notebook reproduces the
+# puzzle live, explains it, and then makes pruning pay: sparse storage and where it starts to help,
+# 2:4 sparsity, a per-layer sensitivity scan, and structured pruning, which removes whole channels and
+# rebuilds the layers into a smaller dense model that is really faster.
+#
+# **You will learn**
+# 1. magnitude pruning in plain PyTorch (a mask from a `kthvalue` threshold), checked equal to
+#    `torch.nn.utils.prune`; layer-wise vs global; `prune.remove`; sparsity per layer and overall;
+# 2. why zeros stored densely leave size, memory and latency where they were (and why the masks make the
+#    checkpoint *larger*); when COO/CSR storage starts paying, measured; what 2:4 sparsity needs;
+# 3. a sensitivity scan on the validation split, and per-layer ratios chosen from it;
+# 4. structured pruning by hand (a conv, its BatchNorm, the next conv's inputs), then for every layer:
+#    parameters, FLOPs, file size, latency and accuracy before and after a recovery fine-tune;
+# 5. how to decide whether "accuracy rose after pruning" is real: repeats over seeds, with the spread.
+#
+# **What you need:** notebook 00 (how labkit measures time and memory). A CPU is fine for everything
+# except the 2:4 speed measurement, which needs an Ampere or newer GPU (A100, A10, L4, H100; not a T4
+# or P100); latencies are this machine's.
+
+# %%
+import labkit
+from labkit import guesses, plots, views
+from labkit.labs import pruning as lab  # this notebook's experiments and findings
+from labkit.labs.pruning import exercises  # this notebook's exercises: question, check, solution
+from labkit.techniques import pruning
+from labkit.widgets import ExperimentPanel
+
+P = labkit.profile()  # read once; nothing below branches on it
+labkit.env_report()
+
+# %% [markdown]
+# ## 1. The puzzle
+# Everything below starts from one fine-tuned model: notebook 00's baseline, trained once and then read
+# from labkit's cache (`lab.fine_tuned`), so the sections prune the same weights.
+
+# %%
+cfg = labkit.config.baseline(P)
+model, result = lab.fine_tuned(cfg)
+x = lab.example_batch(cfg)  # 64 test images, as the model sees them
+print(f"{cfg.model} fine-tuned for {result.steps} steps: test accuracy {result.accuracy:.1%}, "
+      f"{result.num_params:,} parameters")
+
+# %% [markdown]
+# **The mechanism.** Magnitude (L1) pruning keeps the weights with the largest absolute values. For one
+# layer and a fraction `amount`, the `k = round(amount x numel)` smallest magnitudes go; `kthvalue(k)` is
+# the largest of them, so everything above it stays. `torch.nn.utils.prune` does the same and keeps the
+# result as a mask: it adds `weight_orig` (a parameter), `weight_mask` (a buffer) and a hook that
+# recomputes `weight = weight_orig * weight_mask` before every forward. `prune.remove` makes it
+# permanent: the zeros move into `weight` and the extras go.
+
+# %%
+import copy
+
+import torch
+import torch.nn.utils.prune as prune
+
+
+def l1_mask(weight, amount):
+    k = round(amount * weight.numel())  # how many weights go
+    if k == 0:
+        return torch.ones_like(weight, dtype=torch.bool)
+    threshold = weight.abs().flatten().kthvalue(k).values  # the k-th smallest magnitude
+    return weight.abs() > threshold  # True: keep
+
+
+# %%
+name = lab.largest_layer(model)
+layer = copy.deepcopy(model.get_submodule(name))  # the largest conv of the fine-tuned model
+mask = l1_mask(layer.weight.detach(), 0.5)
+prune.l1_unstructured(layer, "weight", amount=0.5)  # torch's: weight_orig, weight_mask and a hook
+same = torch.equal(mask, layer.weight_mask.bool())
+prune.remove(layer, "weight")  # permanent: the zeros are in weight now, the mask is gone
+print(f"{name}: {(layer.weight == 0).float().mean():.0%} of its weights are zero; your mask is torch's: {same}")
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the plain mask is torch's, and labkit's l1_unstructured prunes every layer the same way
+assert same and not hasattr(layer, "weight_orig")
+engine = pruning.l1_unstructured(copy.deepcopy(model), 0.5)
+for layer_name, module in pruning.prunable_layers(engine):
+    expected = l1_mask(model.get_submodule(layer_name).weight.detach(), 0.5)
+    assert int(((module.weight != 0) ^ expected).sum()) <= 2, layer_name  # a tie at the threshold may go either way
+assert abs(pruning.sparsity(engine).overall - 0.5) < 0.01
+
+# %% [markdown]
+# `scope="layer"` takes the same share from every layer; `scope="global"` pools every layer's magnitudes
+# and takes one threshold for all of them, so layers whose weights are small lose more. Per layer, at
+# 80 % overall (`pruning.sparsity(model).per_layer`):
+
+# %%
+lab.per_layer_sparsity(model, 0.8)
+
+# %% [markdown]
+# The seeds used global L1 pruning from 20 to 80 %.
+#
+# **Predict first.** At 80 % zeros, what will the saved file's size be, as a fraction of the unpruned
+# model's (0..1)? And the inference latency at batch 64, as a multiple of the unpruned model's?
+
+# %%
+guess_size_fraction = None  # YOUR GUESS: file size at 80 % zeros / unpruned, e.g. 0.3
+guess_latency_ratio = None  # YOUR GUESS: latency at 80 % zeros / unpruned, e.g. 0.5
+
+# %%
+puzzle = lab.puzzle(cfg)  # global L1 pruning at 0, 20, 40, 60, 80 %
+print(lab.puzzle_finding(puzzle))
+top = puzzle.iloc[-1]
+print(guesses.versus(guess_size_fraction, top.size_ratio, "file size at 80 % zeros / unpruned"))
+print(guesses.versus(guess_latency_ratio, top.latency_ratio, "latency at 80 % zeros / unpruned"))
+plots.lines(puzzle, x="amount", ys=["model_size_bytes", "inference_peak_bytes", "latency_s", "test_accuracy"]);
+
+# %%
+puzzle[["amount", "sparsity", "nonzero_params", "model_size_bytes", "size_with_masks_bytes",
+        "inference_peak_bytes", "latency_s", "val_accuracy", "test_accuracy"]]
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: zeros stored densely change neither the file nor the memory; the masks make the file larger
+assert (puzzle.model_size_bytes == puzzle.model_size_bytes[0]).all()
+# equal on a CPU; on a GPU the convolutions' workspaces may differ by a little from one model to the next
+assert ((puzzle.inference_peak_bytes - puzzle.inference_peak_bytes[0]).abs() <= 0.05 * puzzle.inference_peak_bytes[0]).all()
+assert (puzzle.size_with_masks_bytes > 1.5 * puzzle.model_size_bytes).all()
+assert ((puzzle.sparsity - puzzle.amount).abs() < 0.01).all()
+assert (puzzle.nonzero_params.diff().dropna() < 0).all()
+
+# %% [markdown]
+# **Why nothing moved.** A pruned weight is a `0.0` in the same dense tensor: the file stores it in 4
+# bytes like any other float, the forward allocates the same activations, and a dense convolution or
+# matrix multiply does the same arithmetic whatever the values are. With the masks still attached
+# (`prune.l1_unstructured` without `prune.remove`) the file holds `weight_orig` *and* `weight_mask`, about
+# twice the size, and every forward recomputes the weight. Accuracy is the one number that moves; whether
+# the seeds' *rise* was real is section 5's question. To turn zeros into savings, either store and
+# compute them in a sparse format (section 2) or remove whole channels (section 4).
+
+# %% [markdown]
+# ## 2. Sparse storage and 2:4
+# `weight.to_sparse()` stores only the nonzeros, in COO format: each keeps its value and one int64 index
+# per dimension, 4 + 4 x 8 = 36 bytes for a float32 conv weight against 4 bytes dense, so COO only pays
+# when almost everything is zero. CSR (a matrix: one column index per nonzero and a pointer per row)
+# needs 12 bytes per nonzero. Measured on the model's largest weight, in memory and as saved by
+# `torch.save`, with the time of its matrix multiply (a conv's im2col product) dense and as CSR:
+
+# %%
+storage = lab.sparse_storage(cfg)
+print(lab.storage_finding(storage))
+fig, (left, right) = plots.grid(2)
+plots.line(lab.storage_long(storage, "bytes"), x="sparsity", y="weight_bytes", hue="layout", ax=left)
+plots.line(lab.storage_long(storage, "time"), x="sparsity", y="matmul_s", hue="layout", ax=right)
+fig.tight_layout()
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the byte counts follow the formats' arithmetic (exact, on any machine)
+s = storage.set_index("sparsity")
+numel = int(s.dense_bytes.iloc[0] / 4)
+assert (s.dense_bytes == 4 * numel).all()
+assert ((s.coo_bytes - (4 + 8 * 4) * numel * (1 - s.index)).abs() <= 0.001 * 36 * numel).all()
+assert s.coo_bytes.iloc[-1] < s.dense_bytes.iloc[-1] < s.coo_bytes[s.index < 0.85].min()
+
+# %% [markdown]
+# Sparse *speed* is a different matter from sparse *storage*: a CSR multiply does irregular memory
+# accesses, and on a CPU it usually needs a high sparsity to beat the dense kernel (the printed line
+# says where it did here). Hardware made for sparsity takes a fixed pattern instead: **2:4
+# semi-structured sparsity** keeps 2 of every 4 consecutive weights, which Ampere and newer GPUs run on
+# sparse tensor cores (`torch.sparse.to_sparse_semi_structured`, fp16/bf16); NVIDIA rates those at twice
+# the dense math throughput (Mishra et al. 2021, https://arxiv.org/abs/2104.08378), a ceiling that whole
+# layers reach only in part. The pattern itself can be applied anywhere, so its accuracy cost is
+# measured here; its speed only where such a GPU is present:
+
+# %%
+semi = lab.semi_structured(cfg)
+print(semi)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: 2:4 zeroes exactly half of each layer it applies to, and says why when it cannot time it
+assert semi.layers and 0 < semi.sparsity <= 0.5 + 1e-6
+assert (semi.speedup is None) != (semi.reason is None)
+
+# %% [markdown]
+# ## 3. Sensitivity scan
+# Layers differ in how much pruning they tolerate. The scan prunes one layer at a time, at 30 to 90 %,
+# and measures accuracy on the **validation** split: choices made on the test split would make its
+# accuracy an overstatement. The test split is kept for the final comparison.
+
+# %%
+scan = lab.sensitivity_scan(cfg)
+plots.line(scan, x="sparsity", y="val_accuracy", hue="layer");
+
+# %% [markdown]
+# From the scan, each layer gets the highest sparsity that cost it at most 2 points of validation
+# accuracy, and the result is compared, on the test split, with one uniform ratio and with global
+# pruning that remove the same share of all weights:
+
+# %%
+ratios = lab.choose_ratios(scan, max_drop=0.02)
+compared = lab.compare_ratios(cfg, ratios)
+print(lab.ratios_finding(scan, compared, ratios))
+compared
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the scan covers every prunable layer on the validation split; the schemes prune the same share
+assert set(scan.layer) == {n for n, _ in pruning.prunable_layers(model)}
+assert (scan.base_val_accuracy - lab.accuracy(model, cfg, "val")).abs().max() <= 1 / P.val_size  # GPU: one image
+c = compared.set_index("scheme")
+assert c.sparsity.drop("unpruned").max() - c.sparsity.drop("unpruned").min() < 0.01
+
+# %% [markdown]
+# A layer-at-a-time scan cannot see how layers interact when pruned together, so its choice is a good
+# start rather than the optimum; global pruning adapts to the weights' scale on its own and is often as
+# good. Either way the zeros are still stored densely. The next section removes them.
+#
+# ## 4. Structured pruning: a smaller dense model
+# Removing an output channel of a conv removes a filter, its BatchNorm entry, and the matching input
+# channel of the next conv. What is left is an ordinary, smaller dense model: fewer parameters, fewer
+# FLOPs, a smaller file, lower latency on any hardware. **The mechanism** on one pair of layers,
+# keeping the half of the stem's channels whose filters have the largest L1 norm:
+
+# %%
+from torch import nn
+
+
+def prune_conv_pair(conv, bn, next_conv, keep):
+    """Keep output channels `keep` of conv (and its BatchNorm) and the same input channels of next_conv."""
+    new_conv = nn.Conv2d(conv.in_channels, len(keep), conv.kernel_size, conv.stride, conv.padding, bias=False)
+    new_conv.weight.data = conv.weight.data[keep].clone()
+    new_bn = nn.BatchNorm2d(len(keep))
+    for name in ("weight", "bias", "running_mean", "running_var"):
+        getattr(new_bn, name).data = getattr(bn, name).data[keep].clone()
+    new_next = nn.Conv2d(len(keep), next_conv.out_channels, next_conv.kernel_size, next_conv.stride,
+                         next_conv.padding, bias=False)
+    new_next.weight.data = next_conv.weight.data[:, keep].clone()
+    return new_conv, new_bn, new_next
+
+
+# %%
+mine = labkit.models.build("small_cnn", 10)[0].eval()  # a small_cnn with labkit's pretrained weights
+x_small = torch.randn(16, 3, 32, 32)
+norms = mine.stem[0].weight.detach().abs().sum(dim=(1, 2, 3))  # L1 norm of each output channel's filter
+keep = norms.argsort(descending=True)[: mine.stem[0].out_channels // 2].sort().values
+engine = pruning.prune_channels(mine, {"stem.0": 0.5}, x_small[:2]).eval()
+mine.stem[0], mine.stem[1], mine.block1[0][0] = prune_conv_pair(mine.stem[0], mine.stem[1], mine.block1[0][0], keep)
+mine.eval()  # the new layers start in training mode, as every new nn.Module does
+with torch.no_grad():
+    diff = (mine(x_small) - engine(x_small)).abs().max().item()
+print(f"stem: {engine.stem[0].out_channels} channels kept of {len(norms)}; max difference from labkit's: {diff:.1e}")
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the pair pruned by hand is labkit's prune_channels, layer for layer and output for output
+assert diff < 1e-5
+for a, b in zip(mine.parameters(), engine.parameters(), strict=True):
+    assert a.shape == b.shape and torch.equal(a, b)
+
+# %% [markdown]
+# labkit's `prune_channels(model, amount, example_inputs)` does this for every conv whose channels flow
+# into exactly one other layer through channel-wise layers only (BatchNorm, ReLU, depthwise convs,
+# pooling). It finds those chains on a `torch.fx` trace, so a conv that feeds a residual addition (ResNet)
+# or a concatenation (ShuffleNet) keeps its channels: pruning them would need every layer on the other
+# side of the addition pruned alike, which a dependency-graph library such as torch-pruning does. How
+# many convs each model lets it prune:
+
+# %%
+for name in ("small_cnn", "resnet18", "shufflenet_v2_x0_5"):
+    built = labkit.models.build(name, 10, pretrained=False)[0]
+    convs = [m for m in built.modules() if isinstance(m, nn.Conv2d)]
+    chains = pruning.channel_chains(built)
+    print(f"{name}: {len(chains)} of its {len(convs)} convs can lose channels ({chains[0].name}, ...)")
+
+# %% [markdown]
+# **Predict first.** With half the channels of every prunable conv removed, what fraction (0..1) of the
+# parameters will be left? And of the CPU latency at batch 64?
+
+# %%
+guess_param_fraction = None  # YOUR GUESS: parameters after / before, e.g. 0.5
+guess_latency_fraction = None  # YOUR GUESS: CPU latency after / before, e.g. 0.5
+
+# %%
+structured = lab.structured(cfg, amount=0.5)  # prune; re-estimate BatchNorm; recovery fine-tune
+print(lab.structured_finding(structured))
+pruned = structured.set_index("model").loc["pruned"]
+print(guesses.versus(guess_param_fraction, pruned.num_params_ratio, "parameters after / before"))
+print(guesses.versus(guess_latency_fraction, pruned.cpu_latency_s_ratio, "CPU latency after / before"))
+plots.bars(structured, x="model", ys=["num_params", "flops", "cpu_latency_s", "test_accuracy"]);
+
+# %%
+structured[["model", "num_params", "flops", "model_size_bytes", "inference_peak_bytes", "latency_s",
+            "cpu_latency_s", "val_accuracy", "test_accuracy"]]
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the pruned model is really smaller and faster, and recovery does not make it worse
+s = structured.set_index("model")
+assert s.num_params_ratio["pruned"] <= 1 / 1.9 and s.flops_ratio["pruned"] < 0.6
+assert s.model_size_bytes_ratio["pruned"] < 0.6 and s.cpu_latency_s_ratio["pruned"] < 1
+noise = labkit.measure.accuracy_noise(s.test_accuracy["pruned"], P.test_size)
+assert s.test_accuracy["pruned + recovery"] >= s.test_accuracy["pruned"] - noise
+
+# %% [markdown]
+# Parameters fall faster than channels: a conv between two pruned layers loses half its inputs *and*
+# half its outputs, a quarter of its weights remain. Latency usually falls less than FLOPs, because a
+# small model also pays fixed costs per layer (launching kernels, memory traffic of the activations);
+# how much less is what the printed line measured.
+#
+# Right after pruning, accuracy drops, and for two reasons. The removed channels carried information;
+# and every BatchNorm layer after a pruned conv still normalises with the mean and variance it collected
+# in the unpruned network, which no longer describe what it receives. The second is cheap to fix:
+# `pruning.recalibrate_batchnorm(model, batches)` re-estimates the statistics from a few training batches
+# with forward passes only, no gradient. The recovery fine-tune fixes both. The printed line says how
+# much each step recovered here.
+#
+# ## 5. Did accuracy really rise?
+# The seeds saw accuracy rise after pruning, once. Light pruning zeroes weights that barely mattered,
+# so it changes a handful of predictions either way, and a handful of test images is within the noise
+# of a single run. Repeating the fine-tune with other seeds, and pruning each, tells chance from effect:
+
+# %%
+repeats = lab.seed_repeats(cfg, seeds=(0, 1, 2))
+print(lab.rise_finding(repeats))
+lab.rise_summary(repeats)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: every seed x amount ran, and the images gained and lost add up to each change in accuracy
+assert len(repeats) == 3 * 4
+assert ((repeats.gained - repeats.lost) / P.test_size - repeats.delta).abs().max() < 1e-6
+
+# %% [markdown]
+# Per seed, `gained` and `lost` count the test images the pruned model gets right that the unpruned one
+# got wrong, and the reverse: a rise of a few tenths of a point is a few images, with about as many lost.
+# An effect is real when the mean over seeds stays clear of the spread between seeds (and of the test
+# split's noise); the printed sentence says which it was here.
+#
+# ## 6. Your turn: the panel
+# Choose the method (unstructured: zeros; structured: channels removed), the amount, the recovery
+# fine-tune steps and the seed of the fine-tuned model, and press **Run**. Each run adds a point to the
+# two charts: test accuracy and latency against the share of parameters removed or zeroed.
+
+# %%
+panel = ExperimentPanel(
+    run=lab.panel_run, controls={"seed": [0, 1, 2]},
+    options={"method": list(lab.METHODS), "amount": [0.2, 0.5, 0.8],
+             "recovery_steps": (0, P.max_steps, max(P.max_steps // 4, P.warmup_steps + 3))},
+    base=cfg, show=views.Trend("params_removed", ("test_accuracy", "latency_s"), hue="method"),
+    estimate=lab.panel_estimate, title="Pruning")
+panel
+
+# %% [markdown]
+# ## Pitfalls
+# | symptom | likely cause | remedy |
+# | --- | --- | --- |
+# | memory and file size not reduced after pruning | zeros are still stored densely | structured pruning and rebuilding the layers; sparse storage only above its break-even |
+# | the checkpoint got larger after pruning | the masks are still attached (`weight_orig` + `weight_mask`) | `prune.remove` before saving (after fine-tuning with the masks) |
+# | no speed-up at 80 % sparsity | dense kernels multiply zeros too | channels removed (structured), or 2:4 on an Ampere+ GPU |
+# | accuracy collapses at a modest overall sparsity | a sensitive layer (often the first conv) was pruned hard | a sensitivity scan; per-layer ratios; keep the first layer dense |
+# | accuracy near chance right after removing channels | BatchNorm still normalises with the unpruned network's statistics | `pruning.recalibrate_batchnorm` on a few training batches, then a recovery fine-tune |
+# | "accuracy rose after pruning" | noise of one run on a small test split | repeat over seeds, compare with the spread |
+# | ratios chosen on the test split | the test accuracy becomes optimistic | choose on the validation split, report on the test split |
+# | a pruned ResNet fails with a shape error | a conv feeding a residual addition lost channels | prune inside blocks only, or use a dependency-graph tool (torch-pruning) |
+
+# %% [markdown]
+# ## Going further
+# - **Iterative pruning**: prune a little, fine-tune, repeat; it reaches higher sparsity at the same
+#   accuracy than pruning once (Han et al. 2015). **Movement pruning** ranks weights by how they move
+#   during fine-tuning rather than by size, which suits transfer learning (Sanh et al. 2020).
+# - **The lottery ticket hypothesis**: a sparse subnetwork, rewound to its early weights, trains to full
+#   accuracy on its own (Frankle and Carbin 2019).
+# - **Dependency graphs**: torch-pruning (`DepGraph`, Fang et al. 2023) groups the layers that must be
+#   pruned together across residual additions and concatenations, for ResNets, ShuffleNets and
+#   transformers.
+# - **2:4 training**: torchao trains with 2:4 sparse weights on Ampere+ GPUs, so the pattern costs less
+#   accuracy than applying it after training.
+
+# %% [markdown]
+# ## Summary
+# - Magnitude pruning is a mask: `weight.abs() > weight.abs().flatten().kthvalue(k).values` per layer, one
+#   threshold for all layers with `scope="global"`; `prune.l1_unstructured` plus `prune.remove` in PyTorch.
+# - Zeros stored densely change nothing but accuracy: the file, the memory and the latency stayed where
+#   they were (section 1), and the masks doubled the checkpoint until `prune.remove`.
+# - Sparse formats pay only at high sparsity (COO's 36 bytes per nonzero against 4 dense: from about 89 %
+#   zeros); 2:4 sparsity is the pattern GPUs accelerate (Ampere+).
+# - Choose per-layer ratios from a sensitivity scan on the validation split.
+# - Structured pruning removes channels and rebuilds the layers: a smaller dense model, fewer parameters,
+#   FLOPs and milliseconds on any hardware, after a recovery fine-tune.
+# - A rise in accuracy after pruning is real only if it survives repeats over seeds.
+
+# %% [markdown]
+# ## Further reading
+# - Han et al. 2015, *Learning both Weights and Connections for Efficient Neural Networks*:
+#   https://arxiv.org/abs/1506.02626
+# - Li et al. 2017, *Pruning Filters for Efficient ConvNets* (filter L1 norms): https://arxiv.org/abs/1608.08710
+# - Blalock et al. 2020, *What is the State of Neural Network Pruning?*: https://arxiv.org/abs/2003.03033
+# - Frankle and Carbin 2019, *The Lottery Ticket Hypothesis*: https://arxiv.org/abs/1803.03635
+# - PyTorch tutorial, *Pruning*: https://pytorch.org/tutorials/intermediate/pruning_tutorial.html
+# - PyTorch tutorial, *Accelerating BERT with semi-structured (2:4) sparsity*:
+#   https://pytorch.org/tutorials/advanced/semi_structured_sparse.html
+# - Fang et al. 2023, *DepGraph: Towards Any Structural Pruning* (torch-pruning): https://arxiv.org/abs/2301.12900
+
+# %% [markdown]
+# ## Exercises
+# The first asks for code: global magnitude pruning by hand, one threshold for the whole model. The
+# checker compares your masks with `torch.nn.utils.prune.global_unstructured`'s.
+
+# %%
+print(exercises.question("04.global"))
+
+
+# %%
+def my_global_masks(model, amount):
+    """Return {layer name: bool mask} for every Conv2d and Linear layer of model."""
+    raise NotImplementedError  # YOUR CODE
+
+
+exercises.check("04.global", my_global_masks)
+
+# %% [markdown]
+# The next one uses **your own** structured pruning: the conv whose channels shrank most. The line under
+# the check gives the FLOP counter's measurement for it. Why did the model's total FLOPs fall by less
+# than this layer's?
+
+# %%
+slim = pruning.prune_channels(model, 0.5, x[:2])
+mine = lab.flops_numbers(model, slim)  # the conv whose in x out channels shrank most
+print(exercises.question("04.own_flops", mine))
+
+# %%
+answer = None  # YOUR CODE: a fraction
+exercises.check("04.own_flops", answer, mine)
+print(lab.flops_finding(mine, model, slim, x))
+
+# %%
+print(exercises.question("04.coo_break_even"))
+
+# %%
+answer = None  # YOUR CODE: a sparsity, 0..1
+exercises.check("04.coo_break_even", answer)

@@ -1,0 +1,405 @@
+# %% [markdown]
+# # The recipe: stack the techniques, profile a step, troubleshoot
+#
+# Notebooks 01-08 each changed one thing. A real fine-tune stacks them, and stacked techniques do not simply
+# multiply their savings: freezing removes optimizer state that an 8-bit optimizer would have shrunk, a larger
+# batch raises the activations that checkpointing then cuts. This notebook applies the seed's staged recipe one
+# stage at a time, measures every stage, and asks what order the measurements suggest. Then it looks inside
+# one training step with `torch.profiler`, and hands deliberately broken configs to `labkit.doctor`, which
+# maps a symptom to its likely cause and a remedy it can try.
+#
+# **You will learn**
+# 1. a recipe as a YAML `RunConfig` (`labkit.load_config`), applied stage by stage: time per epoch, peak memory,
+#    accuracy and deployed size of every stage, in the seed's order and in the order the measurements suggest;
+# 2. `torch.profiler` on one training step before and after mixed precision: the top operators, where the time
+#    goes, and a trace file you can open in Perfetto;
+# 3. `labkit.doctor(cfg)` and `labkit doctor CONFIG.yaml`: an exploding loss, AMP slower than fp32, accuracy lost
+#    to quantization, pruning that frees no memory, a distributed run that hangs, each diagnosed;
+# 4. what each technique of notebooks 01-08 bought on this machine, from your own cached runs, beside
+#    the published figures.
+#
+# **What you need:** notebooks 01-08 (the summary reads their cached runs; a technique you have not run shows as
+# "not run yet"). A CPU is fine for every section; on a CPU mixed precision is emulated or absent, so its stage
+# shows no speed-up and the profiler shows why.
+
+# %%
+import torch
+import torch.nn.functional as F
+import yaml
+
+import labkit
+from labkit import guesses, inference, plots, views
+from labkit.labs import recipe as lab  # this notebook's experiments and findings
+from labkit.labs.recipe import exercises  # this notebook's exercises: question, check, solution
+from labkit.widgets import ExperimentPanel
+
+P = labkit.profile()  # read once; nothing below branches on it
+labkit.env_report()
+
+# %% [markdown]
+# ## 1. The recipe as a config
+# The seed's recipe, as the YAML file labkit ships. Each key is one stage, applied on top of the ones above it,
+# in the file's order. It is a `RunConfig` like any other, so `labkit.load_config` reads it and checks every
+# field (a misspelt key is an error naming it, not a silently ignored line):
+
+# %%
+print(lab.RECIPE_PATH.read_text())
+recipe = labkit.load_config(lab.RECIPE_PATH)
+print({name: getattr(recipe, name) for name in ("batch_size", "precision", "checkpointing", "quantize")})
+
+# %% [markdown]
+# Stacking is a loop over the file's keys. `cfg.replace` validates each step, so a combination that cannot work
+# (say `freeze` together with `lora_rank`) fails at the stage that introduces it:
+
+# %%
+with open(lab.RECIPE_PATH) as f:
+    stages = yaml.safe_load(f)  # {field: value}, in the file's order
+
+cfg = lab.workload(P)  # the baseline: the profile's pretrained model, whole epochs
+stacked = [cfg]
+for name, value in stages.items():
+    stacked.append(stacked[-1].replace(**{name: value}))  # one stage on top of the ones before
+
+print(f"baseline: {cfg.model} on {cfg.dataset}, batch {cfg.batch_size}, {cfg.epochs} epochs, {cfg.precision}")
+print(f"last stage: batch {stacked[-1].batch_size}, {stacked[-1].optimizer}, freeze {stacked[-1].freeze}, "
+      f"quantize {stacked[-1].quantize}")
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the plain loop builds the same configs as the lab's stacking
+assert [c for _, c in lab.stacked_configs(cfg, lab.recipe_stages())] == stacked
+assert list(stages) == [s.key for s in lab.recipe_stages()] and stacked[-1].quantize == recipe.quantize
+
+# %% [markdown]
+# The last stage, `quantize`, acts on the trained model: `fit` trains as before, then scores a quantized copy
+# (its accuracy and serialised size land in `result.inference`). A config that differs from another only there
+# trains once: the cache reuses the trained weights.
+#
+# ## 2. Stage by stage
+# Each stage is trained from the same pretrained weights for the same epochs, so a larger batch sees the same
+# data in fewer, larger steps. The table gives time per epoch (samples per epoch / throughput), peak memory, the
+# deployed model's accuracy and size. Predict first: after all six stages, what is the peak memory and the
+# epoch time as a share of the baseline's?
+
+# %%
+guess_peak_ratio = None  # YOUR GUESS: the whole recipe's peak memory / the baseline's, e.g. 0.4
+guess_time_ratio = None  # YOUR GUESS: the whole recipe's epoch time / the baseline's, e.g. 0.5
+
+# %%
+rec = lab.staged(cfg)  # the seed's order, each stage alone, and the measured order (all cached)
+print(lab.recipe_finding(rec))
+base, last = rec.seed.iloc[0], rec.seed.iloc[-1]
+print(guesses.versus(guess_peak_ratio, last.peak_memory_bytes / base.peak_memory_bytes, "peak memory, recipe / baseline"))
+print(guesses.versus(guess_time_ratio, last.epoch_time_s / base.epoch_time_s, "epoch time, recipe / baseline"))
+lab.stage_table(rec).style.hide(axis="index").format(precision=2)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: every stage ran, each one stacked on the one before; quantization shrank the deployed model
+assert rec.seed.error.isna().all() and rec.measured.error.isna().all() and len(rec.seed) == 7
+assert rec.seed.deployed_size_bytes.iloc[-1] < 0.5 * rec.seed.deployed_size_bytes.iloc[-2]
+assert rec.seed.epoch_time_s.gt(0).all() and rec.seed.deployed_accuracy.between(0, 1).all()
+assert rec.seed.iloc[-1].freeze == "medium" and rec.seed.iloc[-1].optimizer == "adamw8bit"
+
+# %%
+axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
+                   ys=["epoch_time_s", "peak_memory_bytes", "accuracy", "model_size_bytes"])
+
+# %% [markdown]
+# How to read it (the printed lines above are this run's):
+#
+# - **A larger batch** uses more memory, not less: activations grow with the batch (notebook 02). It pays in
+#   time where the smaller batch left the device idle (a GPU often, a CPU sometimes). With the epochs fixed it
+#   takes fewer steps, so accuracy can fall unless the learning rate grows with it.
+# - **`precision: auto`** is fp32 on a CPU and on a P100 (no fast fp16 or bf16 there), fp16 on a T4, bf16 on an
+#   A100: on a CPU this stage changes nothing, by design.
+# - **Checkpointing** trades time for activation memory; on a model whose activations are small it costs
+#   time and saves little.
+# - **The 8-bit optimizer** shrinks AdamW's states, a share of memory that grows with the trainable parameters:
+#   after freezing there are fewer of them.
+# - **Freezing** removes gradients, optimizer state and most of the backward pass at once: often the largest
+#   single saving. What it costs in accuracy depends on how far the new task is from the pretraining one.
+# - **int8 for inference** changes nothing in training and cuts the file to about a quarter.
+#
+# ## 3. The order the measurements suggest
+# Each stage was also run **alone** on the baseline. Ranking the training stages by what each bought alone
+# (peak-memory ratio times epoch-time ratio, smallest first) gives another order; a stage that changes nothing on
+# this device (`precision: auto` on a CPU) goes after the others, whatever noise its timing shows, and
+# quantization stays last because it acts on the trained model. The chart above shows both orders; here is what each stage did alone:
+
+# %%
+print("measured order:", " > ".join(stage.name for stage in rec.order))
+lab.stage_table(rec, "alone").style.hide(axis="index").format(precision=2)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the measured order holds the same stages, training ones first; both orders end at the same config
+assert sorted(s.key for s in rec.order) == sorted(s.key for s in rec.stages) and rec.order[-1].key == "quantize"
+assert rec.seed.iloc[-1][["batch_size", "freeze", "quantize"]].tolist() == \
+    rec.measured.iloc[-1][["batch_size", "freeze", "quantize"]].tolist()
+assert rec.alone.error.isna().all() and len(rec.alone) == 7
+
+# %% [markdown]
+# Both orders end at the same config, so the same numbers. What the order changes is what you have after
+# each stage, and so which stages you can stop after: put the stage that buys the most first, and a stage that
+# buys little where it stands can be dropped (an 8-bit optimizer after freezing can only shrink the state of the
+# few parameters still training). Interactions
+# are why an "alone" ratio does not predict its stacked one (exercise 2 measures how far off the product is).
+#
+# ## 4. Where the time goes: the profiler
+# `torch.profiler` records every operator a step runs, with its own ("self") time. The plain version, on a plain
+# step of the same model: warm up first (the first steps allocate memory and pick kernels), then profile one:
+
+# %%
+from torch.profiler import ProfilerActivity, profile
+
+model = labkit.models.build(cfg.model, 10)[0]
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = inference.example_batch(cfg), torch.randint(0, 10, (inference.LATENCY_BATCH,))
+def step():
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+step(), step()  # warm-up: the first steps allocate memory and pick kernels
+with lab.quiet_native_output(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    step()  # on a GPU add ProfilerActivity.CUDA and sort by self_device_time_total
+top = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:5]
+print(*(f"{e.key:<34} {e.self_cpu_time_total / 1e3:8.2f} ms self, {e.count} calls" for e in top), sep="\n")
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the plain profile and the engine's agree on the kind of work at the top
+engine_fp32 = lab.profile_step(cfg, "fp32")
+assert lab.op_kind(top[0].key) == lab.op_kind(engine_fp32.ops.operator.iloc[0]) == "matmul / convolution"
+
+# %% [markdown]
+# (`lab.quiet_native_output()` only drops the lines that Kineto, the profiler's C++ library, writes to the
+# process's stderr, which Jupyter would show as a red box.) The engine profiles a step of its own loop the same
+# way, in fp32 and in the mixed precision this device would use (bf16 where `auto` keeps fp32), groups the
+# operators by kind, and writes each profile as a Chrome trace. Predict first: in fp32, what share of the step's
+# operator time goes to matmuls and convolutions?
+
+# %%
+guess_conv_share = None  # YOUR GUESS: share of the fp32 step's operator time in matmuls and convolutions, e.g. 0.4
+
+# %%
+before, after = lab.profile_pair(cfg)  # fp32, then the device's mixed precision
+print(lab.profile_finding(before, after))
+share = before.kinds.set_index("kind").share.get("matmul / convolution", 0.0)
+print(guesses.versus(guess_conv_share, share, "matmul and convolution share, fp32"))
+lab.kinds_table(before, after).style.hide(axis="index").format(precision=3)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: both steps were profiled, the shares add up, and the traces are files a browser can open
+assert before.precision == "fp32" and after.precision == lab.profiler_precision(cfg)
+assert abs(before.kinds.share.sum() - 1) < 1e-6 and before.trace_path.stat().st_size > 1000
+assert after.trace_path.exists() and len(before.ops) == lab.PROFILE_TOP
+
+# %%
+axes = plots.bars(lab.kinds_frame(before, after), x="kind", ys=["self_ms", "share"], hue="precision")
+after.ops.style.hide(axis="index").format(precision=3)  # the top operators of the mixed-precision step
+
+# %% [markdown]
+# Open a trace (the paths are printed above) in https://ui.perfetto.dev or `chrome://tracing`: every operator is
+# a bar on a timeline, nested under the one that called it, forward then backward then the optimizer.
+#
+# What to look for: on a tensor-core GPU the matmuls and convolutions get much faster in fp16/bf16 and the step
+# becomes bound by everything else (elementwise kernels, normalization, the optimizer, casts), which is why AMP's
+# speed-up (2-3x in PyTorch's AMP recipe) is less than the tensor cores' (a T4: 65 TFLOPS in fp16 against
+# 8.1 in fp32, NVIDIA's datasheet). On a CPU without bf16 instructions the convolutions get slower:
+# autocast's bf16 is emulated, converted around float32 arithmetic (the printed lines say which happened here).
+#
+# ## 5. The doctor
+# `labkit.doctor(cfg)` runs short probes for the troubleshooting table's symptoms. Each finding says what was
+# observed, the likely cause and a remedy as config changes, and where a run can tell, tries the remedy
+# (`checked`). A healthy config first, printed whole:
+
+# %%
+print(labkit.doctor(cfg.replace(epochs=1, max_steps=P.max_steps)))
+
+# %% [markdown]
+# **Loss becomes NaN (or explodes).** SGD at a learning rate of 50: each step overshoots, the loss grows by orders of
+# magnitude, and in fp16 it overflows to inf and NaN.
+
+# %%
+nan = labkit.doctor(lab.broken(cfg, "nan_loss"))["nan_loss"]  # optimizer sgd, lr 50
+print(nan)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: found, blamed on the learning rate, and the named remedy no longer explodes
+assert nan.problem and "exploding gradients" in nan.cause and nan.fix["lr"] < 50 and nan.checked
+
+# %% [markdown]
+# **AMP slower than fp32.** fp16 at batch 8. On a CPU without fp16 instructions autocast emulates it; on a GPU a
+# batch this small keeps the tensor cores idle. The doctor times a few steps of each and names the cause that
+# fits this device:
+
+# %%
+amp = labkit.doctor(lab.broken(cfg, "amp_slower"))["amp_slower"]  # precision fp16, batch 8
+print(amp)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the verdict follows the measured times (on any device), and a slow result names a cause
+assert amp.status in ("problem", "ok") and amp.problem == (amp.numbers["ratio"] > labkit.troubleshoot.SLOWER)
+assert not amp.problem or ("tensor cores" in amp.cause or "batch" in amp.cause or "small" in amp.cause)
+
+# %% [markdown]
+# **Accuracy drops a lot after quantization.** Weights rounded to 3 bits (simulated: the accuracy of a 3-bit
+# model, kept in float32). The doctor measures the drop against the test set's noise and, if it is real, keeps
+# the first and the last layers in float one at a time (chosen on the validation split, checked on the test split):
+
+# %%
+quant = labkit.doctor(lab.broken(cfg, "quantization_drop"))["quantization_drop"]  # quantize int3_simulated
+print(quant)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the drop is real and keeping the named layers in float recovers accuracy
+assert quant.problem and quant.numbers["drop"] > quant.numbers["noise"]
+assert quant.numbers["fixed_accuracy"] > quant.numbers["quantized_accuracy"] and quant.fix["quantize_keep_float"]
+
+# %% [markdown]
+# **Memory not reduced after pruning.** Half the weights zeroed by magnitude. They are zeros, and still stored:
+
+# %%
+prune = labkit.doctor(lab.broken(cfg, "pruning_memory"))["pruning_memory"]  # prune_amount 0.5
+print(prune)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: half the weights are zero, the file did not shrink, and structured pruning does shrink it
+assert prune.problem and abs(prune.numbers["nonzero_share"] - 0.5) < 0.02 and prune.numbers["size_ratio"] > 0.95
+assert prune.numbers["fixed_size_ratio"] < 0.5 and prune.fix == {"prune_structured": True}
+
+# %% [markdown]
+# The same diagnosis from the command line, on the config saved as YAML (`labkit doctor CONFIG.yaml` exits with
+# 1 when it finds a problem, so a script can stop on it):
+
+# %%
+path = labkit.save_config(lab.broken(cfg, "pruning_memory"), lab.trace_folder() / "broken_pruning.yaml")
+# !{sys.executable} -m labkit.cli doctor {path}
+
+# %% [markdown]
+# **A distributed run that hangs.** Two processes, and rank 1 stops taking part after step 2, as a rank stuck in
+# I/O or a deadlocked data loader would. Rank 0 waits for it in the next all-reduce. With torch's default
+# process-group timeout (30 minutes for gloo, 10 for NCCL) that is a long silence; the doctor launches with a
+# short one, so the hang becomes an error naming the rank within seconds:
+
+# %%
+hang = labkit.doctor(cfg.replace(epochs=1, max_steps=P.max_steps), **lab.HANG)["distributed_hang"]
+print(hang)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the hang is found, the silent rank named, within a few timeouts
+assert hang.problem and hang.numbers["rank"] == 1 and "stopped taking part" in hang.cause
+assert hang.numbers["elapsed_s"] < 20 * hang.numbers["timeout_s"] + 60
+
+# %% [markdown]
+# ## 6. Notebooks 01-08 on this machine
+# labkit caches every finished run. `lab.summary()` reads your cache and pairs each technique's run with the same
+# run without it (mixed precision against fp32, freezing against no freezing, ...): time (training time per
+# sample, or inference latency for pruning and quantization), peak memory and size as ratios, accuracy as a
+# change in points. A technique whose notebook you have not run here shows as "not run yet". The hatched bars
+# are the published figure (the PyTorch AMP recipe's 2-3x on tensor-core GPUs), not a measurement here.
+
+# %%
+summary = lab.summary(P)  # one row per technique: its run against the same run without it
+print(lab.summary_finding(summary))
+measured = summary[summary.pairs > 0]  # the techniques not run yet are named above
+axes = plots.bars(measured, x="label", ys=["time_ratio", "memory_ratio", "size_ratio", "accuracy_change"],
+                  reference=lab.reference_rows())  # the published AMP speed-up, in the time chart
+summary.drop(columns="label").style.hide(axis="index").format(precision=2)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: one row per technique of 01-08; every measured ratio is positive
+assert set(summary.notebook) == {"01", "02", "03", "04", "05", "06", "07", "08"}
+assert (measured.time_ratio > 0).all() and (measured.size_ratio.dropna() > 0).all()
+
+# %%
+labkit.load_reference().style.hide(axis="index")  # the published figures, with their sources
+
+# %% [markdown]
+# These are this machine's numbers, and the printed lines say which technique paid most here. Expect them to
+# move with the hardware: on a CPU mixed precision is emulated or absent and often costs time, on a tensor-core GPU it alone
+# is "2-3X" (PyTorch's AMP recipe); a larger batch pays where the smaller one left the device idle. The recipe that fits is the one
+# measured where it will run.
+#
+# ## 7. Your turn: the panel
+# Choose the stages: batch size, precision, checkpointing, optimizer, freezing, quantization for inference. Each run
+# is cached, and the bars compare every setting run in this session (bs: batch size, ckpt: checkpointing).
+
+# %%
+panel = ExperimentPanel(
+    run=lab.panel_run, base=lab.panel_config(cfg),
+    controls={"batch_size": [64, 128, 256], "precision": ["fp32", "auto", "bf16"], "checkpointing": [False, True],
+              "optimizer": ["adamw", "adamw8bit"], "freeze": [None, "light", "medium", "heavy", "head_only"],
+              "quantize": [None, "int8_static", "int8_dynamic", "fp16"]},
+    show=views.Bars("setting", ("epoch_time_s", "peak_memory_bytes", "accuracy", "model_size_bytes")),
+    title="The recipe, your stages")
+panel
+
+# %% [markdown]
+# ## Pitfalls
+# | symptom | likely cause | remedy |
+# | --- | --- | --- |
+# | loss becomes NaN | exploding gradients, fp16 overflow | lower LR, gradient clipping, bf16, GradScaler |
+# | accuracy drops a lot after quantization | sensitive layers quantized | keep LayerNorm/first/last layers in float |
+# | AMP slower than fp32 | no tensor cores (P100, CPU), tiny batches | check capability, larger batch, channels_last |
+# | distributed run hangs | a rank died or never joined | timeouts on the process group, check backend |
+# | memory not reduced after pruning | zeros are still stored densely | structured pruning and rebuilding the layer, sparse storage |
+# | memory looks unchanged with AMP | reading the cache, not the allocator | `max_memory_allocated`, reset peak stats |
+# | a stacked recipe is slower than one technique alone | a stage that costs time (checkpointing) kept where memory was not the limit | measure each stage where it stands; drop the ones that buy nothing |
+# | the profiler's numbers differ from the step time | profiler overhead, and "self" time excludes the operators called inside | compare profiles with each other, time steps with the timer (notebook 00) |
+
+# %% [markdown]
+# ## Going further
+# - **`torch.compile`** fuses the elementwise kernels that dominate a mixed-precision step on a GPU; profile before
+#   and after, and exclude the compilation (the first steps) from the timing.
+# - **`schedule=torch.profiler.schedule(wait, warmup, active)`** with `on_trace_ready=tensorboard_trace_handler`
+#   profiles a few steps of a long run; `profile_memory=True` adds each operator's allocations.
+# - **Memory snapshots**: `torch.cuda.memory._record_memory_history()` and `_dump_snapshot()` give a timeline of
+#   every allocation on a GPU (https://pytorch.org/memory_viz).
+# - **A recipe for a transformer**: LoRA (notebook 08) instead of freezing, `lora_rank: 8` with
+#   `lora_targets: [qkv]` in the YAML; QLoRA's 4-bit base for models that do not fit.
+
+# %% [markdown]
+# ## Summary
+# - A recipe is a `RunConfig` in YAML, applied a key at a time; `load_config` checks every field.
+# - Stacked techniques interact: a stage's saving depends on what stands before it, so measure each stage where it
+#   stands and keep the ones that buy something here.
+# - `torch.profiler`: warm up, profile one step, sort by self time, group by kind; a trace shows the timeline.
+# - `labkit.doctor(cfg)` and `labkit doctor CONFIG.yaml`: symptom, likely cause, remedy, and the remedy tried.
+# - Your own numbers of notebooks 01-08 beside the published ones: the techniques that pay on this hardware.
+
+# %% [markdown]
+# ## Further reading
+# - PyTorch, *Profiling your PyTorch module* and the `torch.profiler` docs: https://pytorch.org/tutorials/beginner/profiler.html
+# - PyTorch, *Performance tuning guide*: https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html
+# - Hugging Face, *Methods and tools for efficient training on a single GPU*: https://huggingface.co/docs/transformers/perf_train_gpu_one
+# - Perfetto trace viewer: https://ui.perfetto.dev
+# - PyTorch, *Automatic Mixed Precision* recipe: https://pytorch.org/tutorials/recipes/recipes/amp_recipe.html
+
+# %% [markdown]
+# ## Exercises
+# The first asks for code: the rule that turned the alone-runs into the measured order. The checker compares
+# your order with labkit's on two recipes.
+
+# %%
+print(exercises.question("09.measured_order"))
+
+
+# %%
+def measured_order(alone):
+    """Return the stage names in the order to stack them (see the question above)."""
+    raise NotImplementedError  # YOUR CODE
+
+
+exercises.check("09.measured_order", measured_order)
+
+# %% [markdown]
+# The next one uses **your own** runs: the peak-memory ratio of each training stage alone. After answering, compare
+# your product with the stacked recipe's ratio printed below it. Which stages interact, and why does the product
+# miss?
+
+# %%
+mine = lab.own_stack_numbers(rec)
+print(exercises.question("09.own_stack", mine))
+
+# %%
+answer = None  # YOUR CODE: the product, a ratio to the baseline's peak
+exercises.check("09.own_stack", answer, mine)
+print(f"stacked, measured: {lab.stacked_memory_ratio(rec):.3f}x the baseline's peak")

@@ -1,0 +1,106 @@
+"""A notebook a learner can read in one sitting: at most 2,000 markdown words and 10 numbered sections on its main
+path, markdown tables of at most 7 columns, and no "seed" in the sense of the material the lab started from (a
+random seed keeps its ordinary meaning). Tables printed by a run are checked where a learner sees them: in the
+browser test (tests/browser)."""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from build_notebooks import words  # noqa: E402 - the build counts words the same way for the reading time
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+MAX_WORDS = 2000
+MAX_SECTIONS = 10
+MAX_TABLE_COLUMNS = 7
+# "seed" as the lab's starting material: the seed's recipe, the seeds' puzzle, seed_snippet, SeedLoRALayer, ...
+# A random seed (`seed=`, `seeds=(0, 1, 2)`, "repeats over seeds", `manual_seed`) is not matched.
+# "the seed of the fine-tuned model" and "different seeds" are random seeds.
+LEGACY_SEED = re.compile(r"(?i:\bthe seeds?\b(?! of the\b)|\bseed's\b|\bseeds')|\bseed_\w+|\bSeed[A-Z]\w*|\bSEED_\w+"
+                         r"|\brec\.seed\b")
+# Not yet brought within the limits (issue 26 lands notebook by notebook); a notebook leaves this list when it
+# passes, and the strict xfail fails until it does.
+NOT_YET = {
+    "words": {"01_mixed_precision", "04_pruning", "05_freezing", "06_quantization", "07_distributed", "08_lora",
+              "09_recipe"},
+    "tables": set(),
+    "seed": {"02_batch_size", "04_pruning", "05_freezing", "06_quantization", "07_distributed", "08_lora",
+             "09_recipe"},
+}
+
+
+def _cells(path: Path, kind: str) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == kind]
+
+
+def markdown_words(path: Path) -> int:
+    return sum(words(text) for text in _cells(path, "markdown"))
+
+
+def numbered_sections(path: Path) -> list[str]:
+    """The main path's numbered sections, setup (0) left out."""
+    return [line for text in _cells(path, "markdown") for line in text.splitlines()
+            if re.match(r"## [1-9]\d*\. ", line)]
+
+
+def markdown_table_columns(path: Path) -> list[int]:
+    """The column count of every markdown table (its header row)."""
+    counts = []
+    for text in _cells(path, "markdown"):
+        lines = text.splitlines()
+        for header, rule in zip(lines, lines[1:], strict=False):
+            if header.lstrip().startswith("|") and re.fullmatch(r"\s*\|(\s*:?-+:?\s*\|)+\s*", rule):
+                counts.append(header.strip().strip("|").count("|") + 1)
+    return counts
+
+
+def legacy_seed(path: Path) -> list[str]:
+    return [m.group(0) for text in _cells(path, "markdown") + _cells(path, "code") for m in LEGACY_SEED.finditer(text)]
+
+
+def _within(kind: str, path: Path, ok: bool, detail) -> None:
+    """Assert ``ok``; a notebook on the NOT_YET list fails as expected, and must leave the list once it passes."""
+    if path.stem in NOT_YET[kind]:
+        assert not ok, f"{path.stem} is within the {kind} limit now: take it off NOT_YET[{kind!r}]"
+        pytest.xfail(f"{path.stem}: {detail}")
+    assert ok, f"{path.stem}: {detail}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_at_most_2000_markdown_words_and_10_sections(path):
+    assert len(numbered_sections(path)) <= MAX_SECTIONS, numbered_sections(path)
+    _within("words", path, markdown_words(path) <= MAX_WORDS, f"{markdown_words(path)} markdown words")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_markdown_tables_have_at_most_7_columns(path):
+    columns = markdown_table_columns(path)
+    _within("tables", path, max(columns, default=0) <= MAX_TABLE_COLUMNS, f"markdown tables of {columns} columns")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_seed_in_the_sense_of_the_labs_starting_material(path):
+    found = legacy_seed(path)
+    _within("seed", path, not found, f"says {found}")
+
+
+def test_the_measures_see_what_they_measure(tmp_path):
+    nb = {"cells": [
+        {"cell_type": "markdown", "source": ["## 1. One\n", "| a | b |\n", "| --- | :-: |\n", "| 1 | 2 |\n"]},
+        {"cell_type": "markdown", "source": ["## 2. Two words\nThe seed's recipe, a random seed, the seed of the model."]},
+        {"cell_type": "code", "source": ["lab.seed_snippet(); torch.manual_seed(0); run(seed=1, seeds=(0, 1))"]}]}
+    path = tmp_path / "99_x.ipynb"
+    path.write_text(json.dumps(nb))
+    assert markdown_words(path) == 2 + 2 + 2 + 3 + 11 and len(numbered_sections(path)) == 2  # no pipes or rules
+    assert markdown_table_columns(path) == [2]
+    assert legacy_seed(path) == ["The seed", "seed_snippet"]
+
+
+def test_the_not_yet_lists_name_notebooks():
+    stems = {p.stem for p in NOTEBOOKS}
+    assert all(names <= stems for names in NOT_YET.values())
