@@ -1,16 +1,25 @@
 """`RunConfig`'s inference fields (prune_amount, prune_structured, quantize, quantize_keep_float) applied by `fit`."""
 
 import pytest
+import torch
 
 import labkit
-from labkit import config, train
+from labkit import choices, config, train
 from labkit.errors import ConfigError
 from labkit.results import to_row
 from labkit.techniques import quantization
 
 
-def test_quantize_methods_are_the_techniques_methods():
-    assert config.QUANTIZE_METHODS == (*quantization.METHODS, *quantization.SIMULATED_METHODS)
+def test_quantize_methods_have_one_home_that_the_config_and_the_technique_read():
+    assert quantization.METHODS is choices.QUANTIZE_METHODS and quantization.SIMULATED_METHODS is choices.SIMULATED_METHODS
+    every = [*choices.QUANTIZE_METHODS, *choices.SIMULATED_METHODS]
+    for method in every:
+        assert labkit.RunConfig(quantize=method).quantize == method
+    with pytest.raises(ConfigError, match=r"quantize='int2' is not allowed: None \(no quantization\) or one of") as bad:
+        labkit.RunConfig(quantize="int2")
+    with pytest.raises(ConfigError, match=r"method='int2' is not allowed: one of") as also_bad:
+        quantization.quantize(torch.nn.Linear(4, 4), "int2")
+    assert str(every) in str(bad.value) and str(every) in str(also_bad.value)
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,7 @@ def test_track_step_memory_falls_back_with_a_note(monkeypatch):
     def broken():
         raise RuntimeError("tracker unavailable")
 
-    monkeypatch.setattr(measure, "_memory_tracker_class", broken)
+    monkeypatch.setattr(measure.memory, "_memory_tracker_class", broken)
     ran = []
     mem = measure.track_step_memory(lambda: ran.append(1), nn.Linear(2, 2), torch.optim.SGD(nn.Linear(2, 2).parameters()))
     assert ran == [1] and mem.total_peak_bytes is None and "tracker unavailable" in mem.note
@@ -130,7 +130,7 @@ def test_library_warm_up_is_a_no_op_on_cpu(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("no CUDA call on a CPU"))
     measure.warm_up_libraries(torch.device("cpu"))
-    assert not measure._LIBRARIES_READY
+    assert not measure.timing._LIBRARIES_READY
 
 
 def test_inference_peak_counts_the_model_and_the_forwards_largest_moment():

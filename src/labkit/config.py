@@ -11,21 +11,27 @@ from pathlib import Path
 import yaml
 
 from . import data, models
+from .choices import (
+    FREEZE_LEVELS,
+    LORA_ALL_LINEAR,
+    LORA_DEFAULTS,
+    OPTIMIZERS,
+    PRECISIONS,
+    QUANTIZE_METHODS,
+    SIMULATED_METHODS,
+    check_choice,
+    check_lora,
+    lora_targets,
+)
 from .env import OFFLINE_ENV, is_online, profile
 from .errors import ConfigError
 from .messages import note
 from .validate import is_int, is_number
 
-PRECISIONS = ("fp32", "fp16", "bf16", "auto")
-OPTIMIZERS = ("adamw", "sgd", "adamw8bit", "paged_adamw8bit")
-# Layer freezing levels (what each freezes per model: `labkit.techniques.freezing`).
-FREEZE_LEVELS = ("none", "light", "medium", "heavy", "head_only")
-LORA_ALL_LINEAR = "all-linear"  # every Linear layer but the head's (PEFT's name for it)
-LORA_DEFAULTS = {"lora_alpha": 16.0, "lora_targets": LORA_ALL_LINEAR, "lora_dropout": 0.0}
 DEVICES_HINT = "'auto', 'cpu', 'cuda' or 'cuda:N'"
-# `quantize`'s methods: the keys of `labkit.techniques.quantization.METHODS` (a test keeps the two equal).
-QUANTIZE_METHODS = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_dynamic_torchao", "int8_weight_only", "int8_static",
-                    "int4_weight_only", "int8_bnb", "nf4_bnb", "int4_simulated", "int3_simulated")
+# Each choice's values and check live in `labkit.choices`, which the techniques import too.
+__all__ = ["FREEZE_LEVELS", "LORA_ALL_LINEAR", "LORA_DEFAULTS", "OPTIMIZERS", "PRECISIONS", "RunConfig",
+           "baseline", "check_keys", "field_names", "load_config", "parse_yaml", "save_config", "workload"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ class RunConfig:
         prune_structured: remove that share of each convolution's output channels and rebuild the layers smaller
             (`labkit.techniques.pruning.prune_channels`) instead of zeroing single weights.
         quantize: after training (and pruning), quantize a copy for inference with this method (one of
-            `QUANTIZE_METHODS`, see `labkit.techniques.quantization`); ``RunResult.inference`` holds its
+            `labkit.choices.QUANTIZE_METHODS` or `SIMULATED_METHODS`); ``RunResult.inference`` holds its
             accuracy and serialised size. ``int8_static`` calibrates on training batches.
         quantize_keep_float: module names (``"stem"``, ``"head"``) or layer types (``"LayerNorm"``) that
             quantization leaves in float.
@@ -137,10 +143,8 @@ class RunConfig:
             raise ConfigError("grad_accum", self.grad_accum,
                               f"a divisor of batch_size={self.batch_size} (each micro-batch is "
                               "batch_size / grad_accum samples)")
-        if self.precision not in PRECISIONS:
-            raise ConfigError("precision", self.precision, f"one of {list(PRECISIONS)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError("optimizer", self.optimizer, f"one of {list(OPTIMIZERS)}")
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if not is_number(self.lr) or not self.lr > 0:
             raise ConfigError("lr", self.lr, "a finite number > 0")
         if not is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
@@ -177,9 +181,8 @@ class RunConfig:
                 raise ConfigError("checkpointing", self.checkpointing,
                                   f"False, True or 1 to {len(blocks)}: {self.model} has {len(blocks)} blocks "
                                   f"({', '.join(blocks)}), and a segment holds at least one")
-        if self.freeze is not None and self.freeze not in FREEZE_LEVELS:
-            raise ConfigError("freeze", self.freeze, f"None or one of {list(FREEZE_LEVELS)} ('head_only': only the "
-                                                     "head trains)")
+        if self.freeze is not None:
+            check_choice("freeze", self.freeze, FREEZE_LEVELS, "None or one of", "('head_only': only the head trains)")
         self._check_lora()
         self._check_inference()
 
@@ -192,8 +195,9 @@ class RunConfig:
         if self.prune_structured and self.prune_amount is None:
             raise ConfigError("prune_structured", self.prune_structured, "False (the default) unless prune_amount "
                               "is set", "prune_amount says how many channels to remove")
-        if self.quantize is not None and self.quantize not in QUANTIZE_METHODS:
-            raise ConfigError("quantize", self.quantize, f"None (no quantization) or one of {list(QUANTIZE_METHODS)}")
+        if self.quantize is not None:
+            check_choice("quantize", self.quantize, [*QUANTIZE_METHODS, *SIMULATED_METHODS],
+                         "None (no quantization) or one of")
         keep = self.quantize_keep_float
         if isinstance(keep, str):
             keep = (keep,)
@@ -205,15 +209,9 @@ class RunConfig:
                               "without quantize nothing is quantized, so nothing is kept in float")
 
     def _check_lora(self) -> None:
-        targets = self.lora_targets
-        if isinstance(targets, (list, tuple)):  # YAML gives a list; a frozen config keeps a tuple
-            targets = tuple(targets)
+        targets = lora_targets(self.lora_targets, "lora_targets")
+        if not isinstance(self.lora_targets, str):  # YAML gives a list; a frozen config keeps a tuple
             object.__setattr__(self, "lora_targets", targets)
-            if not targets or not all(isinstance(t, str) and t for t in targets):
-                raise ConfigError("lora_targets", list(targets), "a non-empty list of Linear-layer name suffixes "
-                                                                 f"(e.g. ['qkv']) or {LORA_ALL_LINEAR!r}")
-        elif not isinstance(targets, str) or not targets:
-            raise ConfigError("lora_targets", targets, f"a Linear-layer name suffix, a list of them, or {LORA_ALL_LINEAR!r}")
         if self.lora_rank is None:
             for name, default in LORA_DEFAULTS.items():
                 if getattr(self, name) != default:
@@ -222,10 +220,8 @@ class RunConfig:
             return
         if not is_int(self.lora_rank) or self.lora_rank < 1:
             raise ConfigError("lora_rank", self.lora_rank, "None (no LoRA) or a positive integer (1, 2, 4, 8, ...)")
-        if not is_number(self.lora_alpha) or not self.lora_alpha > 0:
-            raise ConfigError("lora_alpha", self.lora_alpha, "a number > 0 (the update is scaled by lora_alpha / lora_rank)")
-        if not is_number(self.lora_dropout) or not 0 <= self.lora_dropout < 1:
-            raise ConfigError("lora_dropout", self.lora_dropout, "a number in [0, 1)")
+        check_lora(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets,
+                   fields=("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"))
         if self.freeze not in (None, "none"):
             raise ConfigError("freeze", self.freeze, "None when lora_rank is set",
                               "LoRA already freezes everything but its adapters and the head")

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..config import FREEZE_LEVELS
+from ..choices import FREEZE_LEVELS
 from ..errors import ConfigError
 from ..validate import is_int, is_number
 

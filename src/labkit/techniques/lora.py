@@ -28,25 +28,15 @@ parameters (`labkit.labs.lora` checks it). Notebook 08's measurements are in `la
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from .. import models
+from ..choices import LORA_ALL_LINEAR, check_lora, lora_targets
 from ..errors import ConfigError, UnsupportedError
-from ..validate import is_int, is_number
 
-ALL_LINEAR = "all-linear"  # PEFT's name for "every Linear layer but the output layer"
-
-
-def _check_rank_alpha_dropout(rank, alpha, dropout) -> None:
-    if not is_int(rank) or rank < 1:
-        raise ConfigError("rank", rank, "a positive integer (1, 2, 4, 8, ...): the adapters' inner size")
-    if not is_number(alpha) or not alpha > 0:
-        raise ConfigError("alpha", alpha, "a number > 0 (the update is scaled by alpha / rank)")
-    if not is_number(dropout) or not 0 <= dropout < 1:
-        raise ConfigError("dropout", dropout, "a number in [0, 1) (dropout on the LoRA path only)")
+ALL_LINEAR = LORA_ALL_LINEAR  # PEFT's name for "every Linear layer but the output layer"
 
 
 def _is_float_weight(weight: torch.Tensor) -> bool:
@@ -76,7 +66,7 @@ class LoRALinear(nn.Module):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise ConfigError("base", type(base).__name__, "an nn.Linear (or a subclass such as bitsandbytes' Linear4bit)")
-        _check_rank_alpha_dropout(rank, alpha, dropout)
+        check_lora(rank, alpha, dropout, ALL_LINEAR)
         in_features, out_features = base.in_features, base.out_features
         if rank > min(in_features, out_features):
             raise ConfigError("rank", rank, f"at most min(in, out) = {min(in_features, out_features)} for a Linear "
@@ -183,17 +173,6 @@ def _labkit_head(model: nn.Module) -> nn.Module | None:
         return None
 
 
-def _targets_tuple(targets) -> tuple[str, ...]:
-    if isinstance(targets, str):
-        return (targets,)
-    if not isinstance(targets, Iterable):
-        raise ConfigError("targets", targets, f"a layer-name suffix, a list of them, or {ALL_LINEAR!r}")
-    values = tuple(targets)
-    if not values or not all(isinstance(t, str) and t for t in values):
-        raise ConfigError("targets", targets, f"a non-empty list of layer-name suffixes (e.g. ['qkv']) or {ALL_LINEAR!r}")
-    return values
-
-
 def matching_linears(model: nn.Module, targets) -> list[str]:
     """The Linear layers ``targets`` names: each qualified name equal to a target or ending with ``.target``;
     ``"all-linear"`` names every Linear but the output layer (a labkit model's head, a transformers model's
@@ -203,11 +182,9 @@ def matching_linears(model: nn.Module, targets) -> list[str]:
         >>> matching_linears(tiny_vit, ["qkv"])
         ['block1.attn.qkv', 'block2.attn.qkv', 'block3.attn.qkv', 'block4.attn.qkv']
     """
-    targets = _targets_tuple(targets)
+    targets = lora_targets(targets)
     linears = linear_names(model)
-    if ALL_LINEAR in targets:
-        if len(targets) > 1:
-            raise ConfigError("targets", list(targets), f"{ALL_LINEAR!r} alone, or a list of layer-name suffixes")
+    if ALL_LINEAR in targets:  # alone: `lora_targets` refuses it beside other names
         head = _head_names(model)
         return [name for name in linears if name not in head]
     modules = dict(model.named_modules())
@@ -261,7 +238,7 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets, dropout: float 
         >>> model = add_lora(models.build("tiny_vit", 10)[0], rank=8, alpha=16, targets=["qkv"])
         >>> labkit.measure.count_parameters(model)  # (total, trainable)
     """
-    _check_rank_alpha_dropout(rank, alpha, dropout)
+    check_lora(rank, alpha, dropout, targets)
     if lora_layers(model):
         raise ConfigError("model", type(model).__name__,
                           f"a model without LoRA layers (it has {len(lora_layers(model))}: merge and keep them, or "

@@ -25,11 +25,11 @@ import importlib.metadata
 import logging
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..choices import QUANTIZE_METHODS, SIMULATED_METHODS, QuantizeMethod, check_quantize_method
 from ..env import import_bitsandbytes
 from ..errors import ConfigError, UnsupportedError
 
@@ -148,48 +148,9 @@ def fake_quantize_weights(model: nn.Module, bits: int, per_channel: bool = False
 # --- methods ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Method:
-    """One way to quantize a model.
-
-    Attributes:
-        name: the key in `METHODS`. description: what it stores and computes in.
-        api: the library that does it. devices: where its kernels run.
-        weight_bits: bits per quantized weight. calibration: whether it needs calibration batches.
-        linear_only: whether it touches only Linear layers (a CNN's convolutions stay in float).
-    """
-
-    name: str
-    description: str
-    api: str
-    devices: tuple[str, ...]
-    weight_bits: int
-    calibration: bool = False
-    linear_only: bool = False
-
-
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("fp32", "unchanged (the reference)", "torch", ("cpu", "cuda"), 32),
-    Method("fp16", "weights and activations in float16", "torch", ("cpu", "cuda"), 16),
-    Method("bf16", "weights and activations in bfloat16", "torch", ("cpu", "cuda"), 16),
-    Method("int8_dynamic", "int8 Linear weights, activations per batch", "torch.ao (deprecated)", ("cpu",), 8,
-           linear_only=True),
-    Method("int8_dynamic_torchao", "int8 Linear weights, activations per token", "torchao", ("cpu", "cuda"), 8,
-           linear_only=True),
-    Method("int8_weight_only", "int8 Linear weights, float matmul", "torchao", ("cpu", "cuda"), 8, linear_only=True),
-    Method("int8_static", "int8 weights and activations, calibrated", "torch.ao FX (deprecated)", ("cpu",), 8,
-           calibration=True),
-    Method("int4_weight_only", "4-bit Linear weights in groups", "torchao", ("cuda",), 4, linear_only=True),
-    # LLM.int8(): int8 weights, and the few input features above a threshold (outliers) multiplied in 16 bits.
-    Method("int8_bnb", "LLM.int8(): outlier features in 16 bits", "bitsandbytes", ("cpu", "cuda"), 8, linear_only=True),
-    # On a CPU, layers whose outputs are not a multiple of 32 stay float (`_bnb_quantize`).
-    Method("nf4_bnb", "4-bit NormalFloat blocks (the QLoRA base)", "bitsandbytes", ("cpu", "cuda"), 4,
-           linear_only=True),
-)}
+Method = QuantizeMethod  # one way to quantize a model; the table of them is `labkit.choices.QUANTIZE_METHODS`
+METHODS = QUANTIZE_METHODS
 CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# Low-bit weights simulated (`fake_quantize_weights`, per tensor): the accuracy of a 4- or 3-bit model where no
-# kernel runs it; the weights stay float32, so the file does not shrink. Not in `METHODS`, whose rows are real.
-SIMULATED_METHODS = {"int4_simulated": 4, "int3_simulated": 3}
 INT4_GROUP_SIZES = (128, 64, 32)  # torchao's int4 kernels take these group sizes
 
 
@@ -206,8 +167,9 @@ class Cast(nn.Module):
 
 
 def _check_method(method: str) -> Method:
-    if method not in METHODS:
-        raise ConfigError("method", method, f"one of {list(METHODS) + list(SIMULATED_METHODS)}")
+    check_quantize_method(method)
+    if method not in METHODS:  # a simulated method: no kernel, nothing to look up
+        raise ConfigError("method", method, f"one of {list(METHODS)} (a simulated method rounds the weights only)")
     return METHODS[method]
 
 

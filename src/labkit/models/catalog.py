@@ -1,33 +1,26 @@
-"""Models by name, their stages (stem ... head) for freezing, and pretrained weights with an offline path.
-
-Where the starting weights come from, in order (`build` reports which in `WeightsInfo`):
-
-1. ImageNet weights from torchvision, when online and torchvision has them for the model;
-2. labkit's own checkpoint in `checkpoint_dir()`, pretrained on the ``shapes_source`` task;
-3. random weights, with a loud warning.
-
-The classification head is always new: it is sized for, and trained on, the fine-tuning classes.
-"""
+"""Models by name (`available`, `build`), where their starting weights come from (`WeightsInfo`), and their
+stages stem ... head for freezing, blocks for checkpointing and the head for a new task."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .data import download_timeout
-from .env import OFFLINE_ENV, is_online  # noqa: F401 - is_online is part of this module's API
-from .errors import ChecksumError, ConfigError, LabkitError
-from .messages import note
-
-CHECKPOINT_DIR_ENV = "LABKIT_CHECKPOINT_DIR"
-MANIFEST_NAME = "manifest.json"
+from ..data import download_timeout
+from ..env import OFFLINE_ENV, is_online  # noqa: F401 - is_online is part of this module's API
+from ..errors import ConfigError, LabkitError
+from ..messages import note
+from .architectures import SmallCNN, TinyViT
+from .checkpoints import (
+    SHIPPED_CHECKPOINTS,
+    _read_manifest,
+    checkpoint_dir,
+    load_checkpoint,
+    write_checkpoint,
+)
 
 # Model name -> family; a family decides the stage layout.
 _FAMILIES = {
@@ -38,10 +31,6 @@ _FAMILIES = {
     "shufflenet_v2_x1_0": "shufflenet",
     "tiny_vit": "tiny_vit",  # labkit's own Linear-heavy model (notebook 06: quantization)
 }
-
-
-# Models small enough (a few MB) for labkit to ship offline checkpoints of (`labkit pretrain`).
-SHIPPED_CHECKPOINTS = ("small_cnn", "shufflenet_v2_x0_5", "tiny_vit")
 
 
 def available() -> list[str]:
@@ -65,134 +54,6 @@ class WeightsInfo:
 
     source: str
     warning: str | None = None
-
-
-# --- small_cnn ------------------------------------------------------------------------------------
-
-
-def _conv_bn_relu(in_channels: int, out_channels: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
-                         nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True))
-
-
-def _block(in_channels: int, out_channels: int) -> nn.Sequential:
-    # Downsample first (a strided conv), then work at the lower resolution: a quarter of the FLOPs
-    # of convolving at full resolution and pooling afterwards, which keeps CPU runs quick.
-    return nn.Sequential(_conv_bn_relu(in_channels, out_channels, stride=2),
-                         _conv_bn_relu(out_channels, out_channels))
-
-
-class SmallCNN(nn.Module):
-    """A compact CNN for 32x32 images (~0.29M parameters, ~12M multiply-adds per image).
-
-    Its children are exactly its stages: ``stem`` (conv-bn-relu), ``block1``..``block3`` (a stride-2
-    conv-bn-relu then a conv-bn-relu: 32 -> 16 -> 8 -> 4 pixels) and ``head`` (global average pool,
-    flatten, Linear).
-
-    Args:
-        num_classes: outputs of the head.
-        widths: channels of the stem and of each block.
-
-    Example:
-        >>> SmallCNN(10)(torch.zeros(2, 3, 32, 32)).shape
-        torch.Size([2, 10])
-    """
-
-    def __init__(self, num_classes: int, widths: tuple[int, int, int, int] = (24, 32, 64, 128)):
-        super().__init__()
-        self.stem = _conv_bn_relu(3, widths[0])
-        self.block1 = _block(widths[0], widths[1])
-        self.block2 = _block(widths[1], widths[2])
-        self.block3 = _block(widths[2], widths[3])
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(widths[3], num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.block3(self.block2(self.block1(self.stem(x)))))
-
-
-# --- tiny_vit -------------------------------------------------------------------------------------
-
-
-class PatchEmbed(nn.Module):
-    """Cut a 32x32 image into ``patch`` x ``patch`` patches, embed each as a ``dim``-vector, add a learned position."""
-
-    def __init__(self, image_size: int, patch: int, dim: int):
-        super().__init__()
-        if image_size % patch:
-            raise ConfigError("patch", patch, f"a divisor of the image size {image_size}")
-        self.proj = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
-        self.position = nn.Parameter(torch.zeros(1, (image_size // patch) ** 2, dim))
-        nn.init.trunc_normal_(self.position, std=0.02)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2) + self.position  # [B, tokens, dim]
-
-
-class Attention(nn.Module):
-    """Multi-head self-attention with plain ``nn.Linear`` projections (so that int8 quantization reaches them)."""
-
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # No shape unpacking, so that torch.fx can trace it (static quantization in notebook 06 does).
-        qkv = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)  # [3, B, heads, tokens, d]
-        out = nn.functional.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
-        return self.proj(out.transpose(1, 2).flatten(2))
-
-
-class TransformerBlock(nn.Module):
-    """A pre-norm transformer block: x + attention(norm(x)), then x + MLP(norm(x))."""
-
-    def __init__(self, dim: int, heads: int, mlp_ratio: int):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class TokenMean(nn.Module):
-    """Average over the tokens: [B, tokens, dim] -> [B, dim] (the head's pooling)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.mean(dim=1)
-
-
-class TinyViT(nn.Module):
-    """A small vision transformer for 32x32 images, Linear-heavy: 4x4 patches (64 tokens), width 128, 4 blocks.
-
-    Its children are its stages: ``stem`` (patch embedding and positions), ``block1``..``block4`` (pre-norm
-    transformer blocks, each attention and an MLP of plain ``nn.Linear`` layers) and ``head`` (LayerNorm,
-    mean over tokens, Linear). Almost all of its multiply-adds are in Linear layers, where int8 pays off.
-
-    Example:
-        >>> TinyViT(10)(torch.zeros(2, 3, 32, 32)).shape
-        torch.Size([2, 10])
-    """
-
-    def __init__(self, num_classes: int, image_size: int = 32, patch: int = 4, dim: int = 128, depth: int = 4,
-                 heads: int = 4, mlp_ratio: int = 2):
-        super().__init__()
-        self.stem = PatchEmbed(image_size, patch, dim)
-        for i in range(depth):
-            self.add_module(f"block{i + 1}", TransformerBlock(dim, heads, mlp_ratio))
-        self.head = nn.Sequential(nn.LayerNorm(dim), TokenMean(), nn.Linear(dim, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for module in self.children():
-            x = module(x)
-        return x
-
-
-# --- building -------------------------------------------------------------------------------------
 
 
 def _construct(name: str, num_classes: int) -> nn.Module:
@@ -303,9 +164,6 @@ def _load_backbone(model: nn.Module, state: dict, origin: str) -> None:
             f"the weights in {origin} do not fit {model.labkit_name}: missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}. The checkpoint was made for another architecture: re-run `labkit pretrain`."
         )
-
-
-# --- stages ---------------------------------------------------------------------------------------
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -431,38 +289,6 @@ def _head_keys(model: nn.Module) -> set[str]:
     return {k for k, t in [*m.named_parameters(), *m.named_buffers()] if id(t) in head_tensors}
 
 
-# --- labkit checkpoints ---------------------------------------------------------------------------
-
-
-def checkpoint_dir() -> Path:
-    """Where labkit's own pretrained checkpoints and their ``manifest.json`` live.
-
-    ``$LABKIT_CHECKPOINT_DIR`` if set, else the package's ``assets/checkpoints`` (shipped with labkit).
-
-    Example:
-        >>> labkit.models.checkpoint_dir().name
-        'checkpoints'
-    """
-    if os.environ.get(CHECKPOINT_DIR_ENV):
-        return Path(os.environ[CHECKPOINT_DIR_ENV]).expanduser()
-    return Path(__file__).resolve().parent / "assets" / "checkpoints"
-
-
-def _read_manifest() -> dict:
-    path = checkpoint_dir() / MANIFEST_NAME
-    if not path.is_file():
-        return {}
-    return json.loads(path.read_text())
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def save_checkpoint(model: nn.Module, name: str, meta: dict) -> Path:
     """Save ``model``'s weights without its head as ``<name>.pt`` and record its sha256 in ``manifest.json``.
 
@@ -477,52 +303,7 @@ def save_checkpoint(model: nn.Module, name: str, meta: dict) -> Path:
     Example:
         >>> save_checkpoint(model, "small_cnn", {"task": "shapes_source", "val_accuracy": 0.97})
     """
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise ConfigError("name", name, "a file name of letters, digits, '_', '.' or '-'")
-    if not isinstance(meta, dict) or {"file", "sha256"} & set(meta):
-        raise ConfigError("meta", meta, "a dict without the keys 'file' and 'sha256' (labkit writes those)")
-    try:
-        json.dumps(meta)
-    except TypeError as exc:
-        raise ConfigError("meta", meta, f"JSON-serialisable values ({exc})") from exc
     m = unwrap(model)
     head = _head_keys(m)
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in m.state_dict().items() if k not in head}
-    directory = checkpoint_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    manifest = _read_manifest()
-    manifest[name] = {"file": path.name, "sha256": _sha256(path), **meta}
-    tmp = directory / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, directory / MANIFEST_NAME)
-    return path
-
-
-def load_checkpoint(name: str) -> dict:
-    """The state_dict (without head) of checkpoint ``name``, after checking its sha256 against the manifest.
-
-    Example:
-        >>> state = labkit.models.load_checkpoint("small_cnn")
-    """
-    manifest = _read_manifest()
-    manifest_path = checkpoint_dir() / MANIFEST_NAME
-    if name not in manifest:
-        raise ConfigError("checkpoint", name, f"one of {sorted(manifest)} (listed in {manifest_path})",
-                          "Create it with `labkit pretrain`")
-    entry = manifest[name]
-    path = checkpoint_dir() / entry["file"]
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is listed in {manifest_path} but missing: re-run `labkit pretrain` "
-                                "or restore the file (e.g. `git checkout -- <path>`).")
-    actual = _sha256(path)
-    if actual != entry["sha256"]:
-        raise ChecksumError(
-            f"{path} is corrupted or was changed: its sha256 is {actual}, but {MANIFEST_NAME} expects "
-            f"{entry['sha256']}. Re-run `labkit pretrain` to rebuild it, or restore the file "
-            "(e.g. `git checkout -- <path>`)."
-        )
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return write_checkpoint(state, name, meta)

@@ -1,0 +1,37 @@
+"""Models by name, their stages (stem ... head) for freezing, and pretrained weights with an offline path.
+
+Where the starting weights come from, in order (`build` reports which in `WeightsInfo`):
+
+1. ImageNet weights from torchvision, when online and torchvision has them for the model;
+2. labkit's own checkpoint in `checkpoint_dir()`, pretrained on the ``shapes_source`` task;
+3. random weights, with a loud warning.
+
+The classification head is always new: it is sized for, and trained on, the fine-tuning classes.
+One module each: `catalog` (names, weights, stages), `architectures` (labkit's own models), `checkpoints`.
+"""
+
+from ..env import is_online  # whether weights can be downloaded: part of this module's API
+from .architectures import Attention, PatchEmbed, SmallCNN, TinyViT, TokenMean, TransformerBlock
+from .catalog import (
+    WeightsInfo,
+    available,
+    block_names,
+    build,
+    forward_head,
+    has_batchnorm,
+    named_stages,
+    save_checkpoint,
+    unwrap,
+)
+from .checkpoints import (
+    CHECKPOINT_DIR_ENV,
+    MANIFEST_NAME,
+    SHIPPED_CHECKPOINTS,
+    checkpoint_dir,
+    load_checkpoint,
+)
+
+__all__ = ["Attention", "CHECKPOINT_DIR_ENV", "MANIFEST_NAME", "PatchEmbed", "SHIPPED_CHECKPOINTS", "SmallCNN",
+           "TinyViT", "TokenMean", "TransformerBlock", "WeightsInfo", "available", "block_names", "build",
+           "checkpoint_dir", "forward_head", "has_batchnorm", "is_online", "load_checkpoint", "named_stages",
+           "save_checkpoint", "unwrap"]
