@@ -26,14 +26,20 @@ def test_run_prints_table_and_json(config_file, capsys):
     payload = json.loads(out.strip().splitlines()[-1])
     assert payload["config"]["batch_size"] == 32 and payload["step_time_s"] > 0
     table = out.strip().splitlines()[:-1]
-    assert table[0].split() == ["model", "small_cnn"] and any(line.startswith("step_time_s") for line in table)
+    assert table[0].split() == ["model", "small_cnn"] and any(line.startswith("step time (ms) ") for line in table)
+    memory = next(line for line in table if line.startswith("peak memory"))
+    assert "(MiB)" in memory or "(KiB)" in memory  # never raw bytes
+    assert len(memory.split()[-1].replace(".", "").lstrip("0")) <= 3  # three significant digits
 
 
 def test_sweep_with_set(config_file, capsys, tmp_path):
     csv = tmp_path / "out.csv"
     assert cli.main(["sweep", str(config_file), "--set", "batch_size=16,32", "--csv", str(csv)]) == 0
     out = capsys.readouterr().out
-    assert "16" in out and "32" in out and csv.exists() and len(csv.read_text().splitlines()) == 3
+    header, *rows = out.strip().splitlines()[:3]
+    assert header.split()[:2] == ["batch", "size"] and "step time (ms)" in header and "peak memory (" in header
+    assert [row.split()[0] for row in rows] == ["16", "32"]
+    assert csv.exists() and len(csv.read_text().splitlines()) == 3
 
 
 def test_parse_set():

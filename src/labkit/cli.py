@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .bench import run_bench
 from .config import load_config, parse_yaml
+from .display import MAX_TABLE_COLUMNS, text_record, text_table
 from .env import env_report
 from .errors import ConfigError, LabkitError
 from .labs.catalog import all_exercises
@@ -36,20 +37,27 @@ def _cmd_env(args) -> int:
     return 0
 
 
+# What `labkit run` and `labkit sweep` show, in display units; the JSON line (and --csv) has every field.
+RUN_COLUMNS = ("model", "dataset", "precision_used", "batch_size", "steps", "step_time_s", "throughput",
+               "peak_memory_bytes", "accuracy", "model_size_bytes", "achieved_flops", "mfu", "error")
+SWEEP_METRICS = ("step_time_s", "throughput", "peak_memory_bytes", "accuracy")
+
+
 def _cmd_run(args) -> int:
     cfg = load_config(args.config)
     result = cached_fit(cfg, refresh=args.refresh)
-    print(to_frame([result]).T.to_string(header=False))
+    print(text_record(to_frame([result]).iloc[0].to_dict(), RUN_COLUMNS))
     print(json.dumps(result.to_dict(), indent=1 if args.pretty else None))
     return 0
 
 
 def _cmd_sweep(args) -> int:
     cfg = load_config(args.config)
-    frame = sweep(cfg, refresh=args.refresh, **_parse_set(args.set or []))
-    columns = [c for c in ("batch_size", "precision", "model", "step_time_s", "throughput", "peak_memory_bytes",
-                           "accuracy", "error") if c in frame]
-    print(frame[columns].to_string(index=False))
+    axes = _parse_set(args.set or [])
+    frame = sweep(cfg, refresh=args.refresh, **axes)
+    failed = "error" in frame and frame["error"].notna().any()
+    columns = [*axes, *SWEEP_METRICS, *(["error"] if failed else [])]
+    print(text_table(frame, columns[:MAX_TABLE_COLUMNS]))  # at most 7 axes and metrics: --csv has them all
     if args.csv:
         frame.to_csv(args.csv, index=False)
         print(f"wrote {args.csv}")

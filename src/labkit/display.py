@@ -228,6 +228,24 @@ def text_table(df: pd.DataFrame, columns=None) -> str:
     return frame(df, columns).to_string(index=False)
 
 
+def text_record(row: dict, columns) -> str:
+    """One result as two columns of text, ``label (unit)`` and its value, for the ``columns`` it has.
+
+    Example:
+        >>> print(text_record(to_row(result), ["model", "step_time_s", "peak_memory_bytes"]))
+    """
+    lines = []
+    for column in columns:
+        value = row.get(column)
+        if _missing(value):
+            continue
+        m = scaled(column, [value] if _is_number(value) else [])
+        label = f"{m.label} ({m.unit})" if m.unit and _is_number(value) else m.label
+        lines.append((label, number(value * m.scale) if _is_number(value) else str(value)))
+    width = max((len(label) for label, _ in lines), default=0)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
+
+
 def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and not _missing(value)
 

@@ -129,6 +129,7 @@ class PanelRun:
     ink: list[float] = field(default_factory=list)  # per image: the share of pixels that are not near-white
     notes: list[str] = field(default_factory=list)
     estimate: str | None = None
+    tables: list[list[list[str]]] = field(default_factory=list)  # each table the run showed: rows of cell texts
 
 
 # Reads every code cell's prompt and outputs in one round trip.
@@ -140,7 +141,46 @@ _CELLS_JS = """() => Array.from(document.querySelectorAll('.jp-Notebook .jp-Cell
     trouble: Array.from(cell.querySelectorAll(arguments_selector)).map(o => o.textContent),
     stdout: Array.from(cell.querySelectorAll(
         ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stdout']")).map(o => o.textContent),
+    tables: Array.from(cell.querySelectorAll('.jp-OutputArea-output table')).map(TABLE_ROWS),
 }))""".replace("arguments_selector", json.dumps(TROUBLE_OUTPUTS))
+# A rendered table as rows of cell texts: its header row (th) first, then each body row's data cells (td; a
+# pandas index column is th and not counted).
+_TABLE_ROWS_JS = """t => [Array.from(t.querySelectorAll('thead tr:last-child th')).map(c => c.textContent.trim()),
+    ...Array.from(t.querySelectorAll('tbody tr')).map(r => Array.from(r.querySelectorAll('td')).map(
+        c => c.textContent.trim()))]"""
+_CELLS_JS = _CELLS_JS.replace("TABLE_ROWS", _TABLE_ROWS_JS)
+MAX_TABLE_COLUMNS = 7
+SIGNIFICANT_DIGITS = 3
+_NUMBER = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)?(\.\d+)?([eE][-+]?\d+)?$")
+
+
+def significant_digits(text: str) -> int | None:
+    """The significant digits a table cell shows (None: not a number): "0.0123" 3, "1,230" 3, "2.80e+10" 3,
+    "28000000000" 2 (an integer's trailing zeros are not counted: they may be rounding), "40.54" 4."""
+    text = text.strip()
+    if not text or not _NUMBER.match(text) or not any(ch.isdigit() for ch in text):
+        return None
+    mantissa = re.split(r"[eE]", text)[0].lstrip("+-").replace(",", "")
+    digits = mantissa.replace(".", "").lstrip("0")
+    if "." not in mantissa:
+        digits = digits.rstrip("0")
+    return max(1, len(digits))
+
+
+def table_problems(rows: list[list[str]]) -> list[str]:
+    """What a learner should not see in a table: more than 7 columns, raw bytes or counts (an integer of 6 or more
+    digits), or a number with more than 3 significant digits (integers below 100,000, such as steps, are exact)."""
+    header, body = (rows[0], rows[1:]) if rows else ([], [])
+    width = max([len(header) - (1 if header and not header[0] else 0), *(len(r) for r in body)], default=0)
+    problems = [f"{width} columns (at most {MAX_TABLE_COLUMNS})"] if width > MAX_TABLE_COLUMNS else []
+    for row in body:
+        for text in row:
+            plain = text.replace(",", "")
+            if plain.isdigit() and len(plain) >= 6:
+                problems.append(f"raw number {text!r} (bytes or a count without a unit)")
+            elif not plain.lstrip("+-").isdigit() and (significant_digits(text) or 0) > SIGNIFICANT_DIGITS:
+                problems.append(f"{text!r} has more than {SIGNIFICANT_DIGITS} significant digits")
+    return problems
 
 
 class NotebookPage:
@@ -247,6 +287,7 @@ class NotebookPage:
         run.ink = [image_ink(src) for src in output.locator("img").evaluate_all("imgs => imgs.map(i => i.src)")]
         run.notes = [text for text in output.locator(".jp-OutputArea-output").all_inner_texts()
                      if "labkit note" in text]
+        run.tables = output.locator("table").evaluate_all(f"ts => ts.map({_TABLE_ROWS_JS})")
         if shot is not None:
             shot.parent.mkdir(parents=True, exist_ok=True)
             panel.screenshot(path=str(shot))
