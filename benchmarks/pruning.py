@@ -40,7 +40,8 @@ def main() -> None:
     flops = [lab.forward_flops(m, x) for m in (model, slim)]
     size = [measure.model_size_bytes(m) for m in (model, slim, zeros)]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, amount {args.amount}")
-    print(f"structured:   parameters {params[0]:,} -> {params[1]:,} ({params[0] / params[1]:.2f}x fewer; target >= 1.9x)")
+    print(f"structured:   parameters {params[0]:,} -> {params[1]:,} "
+          f"({params[0] / params[1]:.2f}x fewer; target >= 1.9x)")
     print(f"              FLOPs per forward {flops[0] / flops[1]:.2f}x fewer, file {size[0] / size[1]:.2f}x smaller")
     print(f"              CPU latency {dense_s * 1e3:.2f} ms -> {slim_s * 1e3:.2f} ms "
           f"({dense_s / slim_s:.2f}x lower; target >= 1.6x)")

@@ -32,9 +32,11 @@ def texts(fig):
 
 
 def assert_readable(fig, min_px: float = MIN_TEXT_PX) -> None:
-    """Fail when any text of ``fig`` is smaller than ``min_px`` once the output area has scaled the figure
-    to at most `FIGURE_WIDTH_IN`, lies (partly) outside the figure, or overlaps a neighbouring tick label
-    or another text of its axes (title, annotations, axis labels)."""
+    """Fail when any text of ``fig`` is too small, lies (partly) outside the figure, or overlaps another.
+
+    Too small: under ``min_px`` once the output area has scaled the figure to at most `FIGURE_WIDTH_IN`.
+    Overlapping: a neighbouring tick label or another text of its axes (title, annotations, axis labels).
+    """
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     width, height = fig.bbox.width, fig.bbox.height

@@ -182,11 +182,13 @@ def test_the_torch_floor_is_what_labkit_uses(version, ok):
     if ok:
         env.check_torch(version)
     else:
-        with pytest.raises(ImportError, match=r"labkit needs torch 2\.5 or newer .* this is torch " + re.escape(version)):
+        with pytest.raises(ImportError,
+                           match=r"labkit needs torch 2\.5 or newer .* this is torch " + re.escape(version)):
             env.check_torch(version)
 
 
 def test_pyproject_floor_matches_min_torch():
     tomllib = pytest.importorskip("tomllib")
-    deps = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     assert f"torch>={env.MIN_TORCH[0]}.{env.MIN_TORCH[1]}" in deps

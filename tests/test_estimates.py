@@ -82,6 +82,7 @@ def test_the_panel_shows_the_estimate_and_updates_it(tiny_cfg, empty_cache):
     panel.controls["batch_size"].value = 32
     other = ExperimentPanel(results.cached_fit, {"precision": ["fp32", "bf16"]}, base=tiny_cfg, show=lambda r: None)
     other.controls["precision"].value = "bf16"  # nothing like it has run here
-    assert other.estimate_line.value == "<i>No time estimate yet: no run like this one has finished on this machine.</i>"
+    assert other.estimate_line.value == ("<i>No time estimate yet: "
+                                         "no run like this one has finished on this machine.</i>")
     quiet = ExperimentPanel(results.cached_fit, {"batch_size": [32, 64]}, base=tiny_cfg, estimate=None)
     assert quiet.estimate_line.value == ""

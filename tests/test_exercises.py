@@ -66,8 +66,8 @@ WRONG = {
     "08.adam_state": (16.78, "half the answer"),  # one AdamW state only
     "09.own_stack": (3.67 - 0.06 - 0.05 - 0.49, "ratios multiply"),  # the savings added up
 }
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel", "07.shard",
-        "08.lora_forward", "09.measured_order"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel",
+        "07.shard", "08.lora_forward", "09.measured_order"]
 
 
 def own(name):
@@ -143,7 +143,9 @@ def test_non_number_answer():
 
 
 def test_unknown_name_lists_exercises():
-    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of \['00.throughput', '00.mfu', '00.warmup_error', '00.timer', '01.amp_saving'"):
+    with pytest.raises(ConfigError, match=r"exercise='00.speed' is not allowed: one of "
+                                          r"\['00.throughput', '00.mfu', '00.warmup_error', '00.timer', "
+                                          r"'01.amp_saving'"):
         check("00.speed", 1)
     with pytest.raises(ConfigError, match="one of"):
         exercises.question("nope")

@@ -10,7 +10,8 @@ from labkit.guesses import versus
 def test_a_guess_is_shown_beside_the_measurement():
     assert versus(0.5, 0.625, "bf16 peak / fp32 peak") == (
         "bf16 peak / fp32 peak: you guessed 0.5, measured 0.625 (your guess was 0.80x the measured value).")
-    assert versus(3, np.float64(1.5), "first call / warm", "x").endswith("measured 1.5x (your guess was 2.00x the measured value).")
+    assert versus(3, np.float64(1.5), "first call / warm", "x").endswith(
+        "measured 1.5x (your guess was 2.00x the measured value).")
 
 
 def test_no_guess_is_one_quiet_line():
@@ -24,7 +25,8 @@ def test_a_measured_zero():
 
 
 def test_bad_guesses_are_named():
-    with pytest.raises(ConfigError, match=r"guess='half' is not allowed: a finite number \(or None before you have guessed\)"):
+    with pytest.raises(ConfigError,
+                       match=r"guess='half' is not allowed: a finite number \(or None before you have guessed\)"):
         versus("half", 0.5, "x")
     with pytest.raises(ConfigError, match="measured=nan is not allowed"):
         versus(0.5, float("nan"), "x")

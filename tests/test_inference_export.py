@@ -11,7 +11,8 @@ from labkit.techniques import quantization
 
 
 def test_quantize_methods_have_one_home_that_the_config_and_the_technique_read():
-    assert quantization.METHODS is choices.QUANTIZE_METHODS and quantization.SIMULATED_METHODS is choices.SIMULATED_METHODS
+    assert quantization.METHODS is choices.QUANTIZE_METHODS
+    assert quantization.SIMULATED_METHODS is choices.SIMULATED_METHODS
     every = [*choices.QUANTIZE_METHODS, *choices.SIMULATED_METHODS]
     for method in every:
         assert labkit.RunConfig(quantize=method).quantize == method

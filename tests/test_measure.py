@@ -94,7 +94,8 @@ def test_track_step_memory_falls_back_with_a_note(monkeypatch):
 
     monkeypatch.setattr(measure.memory, "_memory_tracker_class", broken)
     ran = []
-    mem = measure.track_step_memory(lambda: ran.append(1), nn.Linear(2, 2), torch.optim.SGD(nn.Linear(2, 2).parameters()))
+    mem = measure.track_step_memory(lambda: ran.append(1), nn.Linear(2, 2),
+                                    torch.optim.SGD(nn.Linear(2, 2).parameters()))
     assert ran == [1] and mem.total_peak_bytes is None and "tracker unavailable" in mem.note
 
 

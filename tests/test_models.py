@@ -69,8 +69,11 @@ def test_named_stages_cover_every_parameter_exactly_once(name, stages):
 
 @pytest.mark.parametrize("name", list(PARAM_COUNTS))
 def test_the_forward_is_the_blocks_in_a_row_then_the_head(name):
-    """The contract gradient checkpointing relies on: block_names are the stages before the head, and
-    running them in a row followed by forward_head is the model's own forward."""
+    """The contract gradient checkpointing relies on: the blocks in a row, then forward_head, are the forward.
+
+    block_names are the stages before the head, and running them in a row followed by forward_head is the
+    model's own forward.
+    """
     torch.manual_seed(0)
     model, _ = models.build(name, num_classes=10, pretrained=False)
     model.eval()
@@ -121,7 +124,8 @@ def test_is_online_reads_labkit_offline(monkeypatch, value, online):
 
 @pytest.mark.parametrize("name, reason, fix", [
     ("small_cnn", "torchvision has no ImageNet weights for small_cnn", "`labkit pretrain small_cnn`"),
-    ("resnet18", r"\$LABKIT_OFFLINE is set", "use a model labkit ships weights for (small_cnn, shufflenet_v2_x0_5, tiny_vit)"),
+    ("resnet18", r"\$LABKIT_OFFLINE is set",
+     "use a model labkit ships weights for (small_cnn, shufflenet_v2_x0_5, tiny_vit)"),
 ])
 def test_pretrained_offline_without_checkpoint_warns_and_is_random(name, reason, fix, capsys):
     with warnings.catch_warnings():
@@ -250,8 +254,11 @@ def test_failed_download_falls_back_to_the_checkpoint_then_to_random(monkeypatch
 
 
 def test_tiny_vit_puts_almost_all_its_work_in_linear_layers():
-    """What makes it the quantization notebook's Linear-heavy model: int8 dynamic quantization reaches Linear
-    layers only (a conv stays in float), and nearly every multiply-add of this model is in one."""
+    """What makes it the quantization notebook's Linear-heavy model: nearly all its multiply-adds are in Linears.
+
+    int8 dynamic quantization reaches Linear layers only (a conv stays in float), and nearly every multiply-add
+    of this model is in one.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
     model = models.build("tiny_vit", num_classes=10, pretrained=False)[0].eval()

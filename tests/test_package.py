@@ -45,8 +45,11 @@ def _function_level_labkit_imports(path: Path, root: Path = SRC) -> list[str]:
 
 
 def test_no_labkit_module_imports_another_inside_a_function():
-    """The layers contract (import-linter, in pyproject.toml) sees every import; one inside a function
-    would still hide a cycle from a reader, so labkit's own imports all stand at the top of a module."""
+    """labkit's own imports all stand at the top of a module, where a reader sees any cycle.
+
+    The layers contract (import-linter, in pyproject.toml) sees every import; one inside a function would still
+    hide a cycle from a reader.
+    """
     found = [hit for path in sorted(SRC.rglob("*.py")) for hit in _function_level_labkit_imports(path)]
     assert found == []
 

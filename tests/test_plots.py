@@ -378,7 +378,8 @@ def test_a_bar_charts_legend_never_covers_a_bar(logy):
                          "speedup_vs_fp32": [1.0, 1.1, 0.08, 1.9], "source": "live"})
     published = pd.DataFrame({"setup": ["AMP recipe: low", "AMP recipe: high", "T4 peak ratio"],
                               "speedup_vs_fp32": [2.0, 3.0, 8.0],
-                              "source": ["published: PyTorch recipe 'Automatic Mixed Precision' (2-3x on Volta, Turing, Ampere)"] * 2
+                              "source": ["published: PyTorch recipe 'Automatic Mixed Precision' "
+                                         "(2-3x on Volta, Turing, Ampere)"] * 2
                               + ["published: NVIDIA T4 datasheet, tensor-core fp16 peak / fp32 peak"]})
     ax = plots.bar(live, x="setup", y="speedup_vs_fp32", reference=published, logy=logy)
     fig = ax.get_figure()

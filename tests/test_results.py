@@ -213,7 +213,8 @@ def test_cached_frame_measures_once_per_configs_and_params(tmp_path, monkeypatch
 
     first = results.cached_frame("demo", [tiny_cfg], measure, methods=["fp32", "int8"])
     again = results.cached_frame("demo", [tiny_cfg], measure, methods=["fp32", "int8"])
-    assert len(calls) == 1 and again.latency_s.iloc[0] == first.latency_s.iloc[0] == pytest.approx(0.0123456789012345, rel=1e-13)
+    assert len(calls) == 1
+    assert again.latency_s.iloc[0] == first.latency_s.iloc[0] == pytest.approx(0.0123456789012345, rel=1e-13)
     assert math.isnan(again.latency_s.iloc[1]) and again.reason.isna().tolist() == [True, False]
     assert again.ran.tolist() == [True, False] and list(again.columns) == list(first.columns)
     results.cached_frame("demo", [tiny_cfg], measure, methods=["fp32"])  # other params: measured again

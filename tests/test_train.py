@@ -245,7 +245,8 @@ def test_fit_trains_a_given_model_in_place(tiny_cfg):
     assert res.model is model and res.weights == "given"
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     other = labkit.models.build("resnet18", 10, pretrained=False)[0]
-    with pytest.raises(ConfigError, match=r"model='ResNet' is not allowed: a model built by labkit.models.build\('small_cnn'"):
+    with pytest.raises(ConfigError,
+                       match=r"model='ResNet' is not allowed: a model built by labkit.models.build\('small_cnn'"):
         labkit.fit(tiny_cfg, model=other)
 
 

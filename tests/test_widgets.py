@@ -250,8 +250,11 @@ def test_a_chart_is_rendered_with_ink_or_the_panel_says_it_came_out_blank():
 
 
 def test_a_panel_shows_the_chart_its_run_drew_even_if_pyplot_lost_it(monkeypatch):
-    """The figures come from labkit's own record of the charts it made, not from pyplot's registry: a chart
-    closed behind the panel's back (what JupyterLab's blank panel charts pointed to) is still shown whole."""
+    """The figures come from labkit's own record of the charts it made, not from pyplot's registry.
+
+    A chart closed behind the panel's back (what JupyterLab's blank panel charts pointed to) is still shown
+    whole.
+    """
     import matplotlib.pyplot as plt
     import pandas as pd
 

@@ -67,7 +67,8 @@ def _bench_01(cfg: RunConfig) -> list[Part]:
         Part("compare", list(mixed_precision.compare(cfg).values())),
         Part("memory", run_configs(memory)),
         Part("layouts", run_configs(layouts)),
-        Part("scaler", rows=trace, extras={"underflow": _records(mixed_precision.gradient_underflow(cfg, (1.0, 1e-3)))}),
+        Part("scaler", rows=trace,
+             extras={"underflow": _records(mixed_precision.gradient_underflow(cfg, (1.0, 1e-3)))}),
     ]
 
 

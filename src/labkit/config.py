@@ -1,4 +1,31 @@
-"""`RunConfig`: one frozen dataclass describing a run, validated on creation, loadable from YAML."""
+"""`RunConfig`: one frozen dataclass describing a run, validated on creation, loadable from YAML.
+
+Details of the `RunConfig` fields that switch a technique on:
+
+- ``optimizer``, ``lr``, ``weight_decay``, ``momentum``: ``adamw``, ``sgd`` (the only one with a ``momentum``),
+  or bitsandbytes' 8-bit AdamW, ``adamw8bit`` (CPU and GPU) or ``paged_adamw8bit`` (CUDA only: its state can
+  spill to CPU memory); the 8-bit ones need the ``bitsandbytes`` package (see `labkit.techniques.optimizers`).
+- ``lr_warmup_steps``: raise the learning rate linearly over the first this-many optimizer steps (step ``s``
+  uses ``lr * s / lr_warmup_steps``), then keep ``lr``; 0 (the default) means no warm-up. Large batches with a
+  scaled-up ``lr`` need it (Goyal et al. 2017). Must be fewer than the run's optimizer steps (checked when the
+  run starts).
+- ``checkpointing``: gradient (activation) checkpointing of the model's blocks, recomputed in the backward pass
+  instead of stored: False (off), True (every block its own segment) or an int, the number of checkpointed
+  segments the blocks are split into (1 to the model's number of blocks, see
+  `labkit.techniques.checkpointing.checkpoint_blocks`).
+- ``freeze``: freeze the model's first stages: None or ``none`` (nothing), ``light``, ``medium``, ``heavy`` or
+  ``head_only`` (only the head trains). Frozen parameters get no gradient and no optimizer state, and frozen
+  BatchNorm layers stay in eval mode (see `labkit.techniques.freezing`, which has the table of what each level
+  freezes per model).
+- ``lora_rank``: every Linear layer that ``lora_targets`` names gets a frozen weight plus a trainable update
+  ``(lora_alpha / rank) B A``, and everything else is frozen but the head (see `labkit.techniques.lora`).
+- ``prune_amount``: after training, prune this share of every Conv/Linear weight by magnitude for inference. The
+  pruned copy is scored and sized in ``RunResult.inference``; the trained model itself is left alone. With
+  ``prune_structured`` that share of each convolution's output channels is removed and the layers rebuilt
+  smaller (`labkit.techniques.pruning.prune_channels`) instead of single weights zeroed.
+- ``quantize``: one of `labkit.choices.QUANTIZE_METHODS` or `SIMULATED_METHODS`; ``RunResult.inference`` holds
+  the quantized copy's accuracy and serialised size. ``int8_static`` calibrates on training batches.
+"""
 
 from __future__ import annotations
 
@@ -38,90 +65,45 @@ __all__ = ["FREEZE_LEVELS", "LORA_ALL_LINEAR", "LORA_DEFAULTS", "OPTIMIZERS", "P
 class RunConfig:
     """Everything that defines one training run. Override by keyword; invalid values raise `ConfigError`.
 
-    Args:
-        model: a name from ``labkit.models.available()``.
-        dataset: a name from ``labkit.data.available()``.
-        batch_size: samples per optimizer step (split into ``grad_accum`` micro-batches).
-        precision: ``fp32``, ``fp16`` (autocast + GradScaler), ``bf16`` (autocast) or ``auto``.
-        optimizer, lr, weight_decay, momentum: the optimizer: ``adamw``, ``sgd`` (the only one with a
-            ``momentum``), or bitsandbytes' 8-bit AdamW, ``adamw8bit`` (CPU and GPU) or
-            ``paged_adamw8bit`` (CUDA only: its state can spill to CPU memory); the 8-bit ones need the
-            ``bitsandbytes`` package (see `labkit.techniques.optimizers`).
-        lr_warmup_steps: raise the learning rate linearly over the first this-many optimizer steps
-            (step ``s`` uses ``lr * s / lr_warmup_steps``), then keep ``lr``; 0 (the default) means no
-            warm-up. Large batches with a scaled-up ``lr`` need it (Goyal et al. 2017). Must be fewer
-            than the run's optimizer steps (checked when the run starts).
-        epochs, max_steps: train for ``epochs`` passes, or exactly ``max_steps`` optimizer steps if set.
-        grad_accum: micro-batches per optimizer step; must divide ``batch_size``.
-        grad_clip: clip the gradient norm to this value (None: no clipping).
-        checkpointing: gradient (activation) checkpointing of the model's blocks, recomputed in the
-            backward pass instead of stored: False (off), True (every block its own segment) or an int,
-            the number of checkpointed segments the blocks are split into (1 to the model's number of
-            blocks, see `labkit.techniques.checkpointing.checkpoint_blocks`).
-        freeze: freeze the model's first stages: None or ``none`` (nothing), ``light``, ``medium``, ``heavy``
-            or ``head_only`` (only the head trains). Frozen parameters get no gradient and no optimizer
-            state, and frozen BatchNorm layers stay in eval mode (see `labkit.techniques.freezing`, which
-            has the table of what each level freezes per model).
-        lora_rank: train LoRA adapters of this rank instead of the model (None: no LoRA): every Linear layer
-            that ``lora_targets`` names gets a frozen weight plus a trainable update ``(lora_alpha / rank) B A``,
-            and everything else is frozen but the head (see `labkit.techniques.lora`).
-        lora_alpha: the LoRA update's scale is ``lora_alpha / lora_rank``.
-        lora_targets: the Linear layers LoRA adapts: name suffixes (``["qkv"]`` on ``tiny_vit``) or
-            ``"all-linear"`` (every Linear but the head's).
-        lora_dropout: dropout on the LoRA path's input.
-        prune_amount: after training, prune this share of every Conv/Linear weight by magnitude for inference
-            (None: no pruning). The pruned copy is scored and sized in ``RunResult.inference``; the trained model
-            itself is left alone.
-        prune_structured: remove that share of each convolution's output channels and rebuild the layers smaller
-            (`labkit.techniques.pruning.prune_channels`) instead of zeroing single weights.
-        quantize: after training (and pruning), quantize a copy for inference with this method (one of
-            `labkit.choices.QUANTIZE_METHODS` or `SIMULATED_METHODS`); ``RunResult.inference`` holds its
-            accuracy and serialised size. ``int8_static`` calibrates on training batches.
-        quantize_keep_float: module names (``"stem"``, ``"head"``) or layer types (``"LayerNorm"``) that
-            quantization leaves in float.
-        seed: seeds data order, initialisation and augmentation.
-        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-        pretrained: start from pretrained weights (ImageNet online, labkit's own checkpoints offline).
-        train_size: training samples; None takes the profile's size.
-        tf32: allow TF32 for float32 matmuls/convolutions on Ampere+ (always set explicitly, never implicit).
-        channels_last: use the channels_last memory format for model and inputs.
-        evaluate: measure test accuracy after training.
+    Each field's comment says what it holds; the module docstring has the details of the techniques' fields.
 
     Example:
         >>> cfg = RunConfig(model="small_cnn", batch_size=128).replace(precision="bf16")
     """
 
-    model: str = "small_cnn"
-    dataset: str = "shapes10"
-    batch_size: int = 64
-    precision: str = "fp32"
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    lr_warmup_steps: int = 0
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    epochs: int = 1
-    max_steps: int | None = None
-    grad_accum: int = 1
-    grad_clip: float | None = None
-    checkpointing: bool | int = False
-    freeze: str | None = None
-    lora_rank: int | None = None
-    lora_alpha: float = 16.0
+    model: str = "small_cnn"  # a name from ``labkit.models.available()``
+    dataset: str = "shapes10"  # a name from ``labkit.data.available()``
+    batch_size: int = 64  # samples per optimizer step (split into ``grad_accum`` micro-batches)
+    precision: str = "fp32"  # ``fp32``, ``fp16`` (autocast + GradScaler), ``bf16`` (autocast) or ``auto``
+    optimizer: str = "adamw"  # ``adamw``, ``sgd``, ``adamw8bit`` or ``paged_adamw8bit`` (see the module docstring)
+    lr: float = 1e-3  # the optimizer's learning rate
+    lr_warmup_steps: int = 0  # linear learning-rate warm-up over this many optimizer steps; 0: none
+    weight_decay: float = 0.0  # the optimizer's weight decay
+    momentum: float = 0.9  # SGD's momentum (``sgd`` is the only optimizer with one)
+    epochs: int = 1  # passes over the training set, unless ``max_steps`` is set
+    max_steps: int | None = None  # train exactly this many optimizer steps (None: ``epochs`` decides)
+    grad_accum: int = 1  # micro-batches per optimizer step; must divide ``batch_size``
+    grad_clip: float | None = None  # clip the gradient norm to this value (None: no clipping)
+    checkpointing: bool | int = False  # gradient checkpointing: False, True (every block) or a number of segments
+    freeze: str | None = None  # None/``none``, ``light``, ``medium``, ``heavy`` or ``head_only``
+    lora_rank: int | None = None  # train LoRA adapters of this rank instead of the model (None: no LoRA)
+    lora_alpha: float = 16.0  # the LoRA update's scale is ``lora_alpha / lora_rank``
+    # the Linear layers LoRA adapts: name suffixes (``["qkv"]`` on ``tiny_vit``) or ``"all-linear"`` (all but the head)
     lora_targets: tuple[str, ...] | str = LORA_ALL_LINEAR
-    lora_dropout: float = 0.0
-    prune_amount: float | None = None
-    prune_structured: bool = False
-    quantize: str | None = None
+    lora_dropout: float = 0.0  # dropout on the LoRA path's input
+    prune_amount: float | None = None  # after training, prune this share of the weights for inference (None: no)
+    prune_structured: bool = False  # remove whole conv output channels instead of zeroing single weights
+    quantize: str | None = None  # after training (and pruning), quantize a copy for inference with this method
+    # module names (``"stem"``, ``"head"``) or layer types (``"LayerNorm"``) that quantization leaves in float
     quantize_keep_float: tuple[str, ...] = ()
-    seed: int = 0
-    device: str = "auto"
-    pretrained: bool = True
-    train_size: int | None = None
-    tf32: bool = False
-    channels_last: bool = False
-    evaluate: bool = True
-    image_size: int | None = None
+    seed: int = 0  # seeds data order, initialisation and augmentation
+    device: str = "auto"  # ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
+    pretrained: bool = True  # start from pretrained weights (ImageNet online, labkit's own checkpoints offline)
+    train_size: int | None = None  # training samples; None takes the profile's size
+    tf32: bool = False  # allow TF32 for float32 matmuls/convolutions on Ampere+ (always set explicitly)
+    channels_last: bool = False  # use the channels_last memory format for model and inputs
+    evaluate: bool = True  # measure test accuracy after training
+    image_size: int | None = None  # resize the inputs to this size on the device (None: the dataset's own)
 
     def __post_init__(self):
         if self.model not in models.available():

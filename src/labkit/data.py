@@ -7,6 +7,16 @@ Three datasets, all 3x32x32 images in 10 classes:
   on a noisy, shaded background in random colours. The fine-tuning task when there is no network.
 - ``shapes_source``: the same rendering with 10 *different* shapes. labkit pretrains its own small
   checkpoints on it, so that fine-tuning on ``shapes10`` starts from weights learned on another task.
+
+`load_splits` gives identical tensors for the same arguments. Generated datasets draw each split from its own
+seed (derived from the dataset, the split and ``seed``); CIFAR-10 takes train and val from one seeded
+permutation of its 50,000 training images and test from its 10,000 test images.
+
+`make_loader` gathers each batch in one indexing call, in the main process (no worker start-up cost). With
+``shuffle`` the order comes from a generator seeded by ``seed``: the same seed gives the same batches, and each
+new pass over the loader draws a new (still seeded) order. `to_model_input` copies the uint8 batch to the device
+first (4x fewer bytes than float32) and converts it there; its ``size`` resizes there too, e.g. 32x32 CIFAR-10
+to 128x128 for an ImageNet-pretrained ResNet.
 """
 
 from __future__ import annotations
@@ -222,20 +232,17 @@ def load_splits(name: str, train_size: int, val_size: int, test_size: int, seed:
                 root: str | Path | None = None, download: bool = True) -> dict[str, ImageData]:
     """Load the ``train``, ``val`` and ``test`` splits of dataset ``name``; the three never share a sample.
 
-    The same arguments give identical tensors. Generated datasets draw each split from its own seed
-    (derived from the dataset, the split and ``seed``); CIFAR-10 takes train and val from one seeded
-    permutation of its 50,000 training images and test from its 10,000 test images.
-
     Args:
         name: one of `available()`.
-        train_size, val_size, test_size: samples in each split (the profile's sizes, usually).
+        train_size: samples in the training split (the profile's size, usually).
+        val_size: samples in the validation split.
+        test_size: samples in the test split.
         seed: which samples (generated datasets) or which permutation (CIFAR-10).
         root: CIFAR-10 only: the folder holding ``cifar-10-batches-py`` (default `cache_dir()`).
         download: CIFAR-10 only: download it when it is not in ``root``.
 
     Example:
-        >>> prof = labkit.profile()
-        >>> splits = labkit.data.load_splits("shapes10", prof.train_size, prof.val_size, prof.test_size)
+        >>> splits = labkit.data.load_splits("shapes10", train_size=2048, val_size=512, test_size=512)
         >>> len(splits["val"])
         512
     """
@@ -415,18 +422,13 @@ def make_loader(data: ImageData, batch_size: int, shuffle: bool, seed: int = 0, 
                 sampler=None, pin_memory: bool = False) -> DataLoader:
     """A DataLoader over ``data`` yielding (uint8 images [B, 3, 32, 32], int64 labels [B]).
 
-    Batches are gathered in one indexing call each, in the main process (no worker start-up cost).
-    With ``shuffle`` the order comes from a generator seeded by ``seed``: the same seed gives the same
-    batches, and each new pass over the loader draws a new (still seeded) order.
-
     Args:
         data: one split from `load_splits`.
         batch_size: samples per batch.
         shuffle: random order (seeded) or the stored order.
         seed: seeds the shuffle.
         drop_last: drop a last, smaller batch.
-        sampler: a sampler of sample indices to use instead (e.g. a ``DistributedSampler``; call its
-            ``set_epoch`` yourself); ``shuffle`` and ``seed`` are then ignored.
+        sampler: indices to use instead, ignoring ``shuffle``/``seed`` (a ``DistributedSampler``: call ``set_epoch``).
         pin_memory: pin the batches for faster, asynchronous copies to the GPU (ignored without CUDA).
 
     Example:
@@ -457,15 +459,12 @@ def to_model_input(images: torch.Tensor, data: ImageData, device, channels_last:
                    size: int | None = None) -> torch.Tensor:
     """uint8 images -> float32, scaled to [0, 1] and normalised by ``data.mean``/``data.std``, on ``device``.
 
-    The uint8 batch is copied to the device first (4x fewer bytes than float32) and converted there.
-
     Args:
         images: uint8 [B, 3, H, W], as the loader yields them.
         data: the split they came from (for mean and std).
         device: where the model runs (``torch.device`` or a string like ``"cuda"``).
         channels_last: return the channels_last memory format (faster convolutions with tensor cores).
-        size: resize to ``size`` x ``size`` on the device (bilinear), e.g. 32x32 CIFAR-10 to 128x128 for an
-            ImageNet-pretrained ResNet; None keeps the images' own size.
+        size: resize to ``size`` x ``size`` on the device (bilinear), e.g. 32 -> 128; None: as they are.
 
     Example:
         >>> x = to_model_input(images, splits["train"], "cpu")

@@ -129,8 +129,10 @@ def metric(column: str) -> Metric:
 
 
 def scaled(column: str, values=()) -> Metric:
-    """``column``'s `Metric` with a unit for ``values``: bytes in KiB..TiB and counts in thousands..billions, so
-    that the largest value shown lies in [1, 1024) or [1, 1000); seconds below 0.1 s in ms.
+    """``column``'s `Metric` with a unit that suits ``values`` (KiB..TiB, thousands..billions, ms).
+
+    Bytes in KiB..TiB and counts in thousands..billions, so that the largest value shown lies in [1, 1024) or
+    [1, 1000); seconds below 0.1 s in ms.
 
     Example:
         >>> scaled("peak_memory_bytes", [3 * 2**30]).unit, scaled("num_params", [17_930]).unit
@@ -160,8 +162,9 @@ def axis_label(column: str, values=()) -> str:
 
 
 def number(value, digits: int = SIGNIFICANT_DIGITS) -> str:
-    """``value`` to ``digits`` significant digits, without an exponent between 1e-4 and 1e6; integers up to
-    99,999 exactly (batch sizes, steps, ranks); "" for a missing value.
+    """``value`` as text with ``digits`` significant digits; "" for a missing value.
+
+    No exponent between 1e-4 and 1e6; integers up to 99,999 exactly (batch sizes, steps, ranks).
 
     Example:
         >>> number(0.123456), number(28_000_000_000.0), number(256), number(1234.5)
@@ -185,8 +188,10 @@ def number(value, digits: int = SIGNIFICANT_DIGITS) -> str:
 
 
 def frame(df: pd.DataFrame, columns=None) -> pd.DataFrame:
-    """``df``'s ``columns`` (default: all, at most `MAX_TABLE_COLUMNS`) as text in display units, headed by their
-    labels and units. The DataFrame given keeps every column and the raw numbers.
+    """``df``'s ``columns`` as text in display units, headed by their labels and units.
+
+    ``columns`` defaults to all, at most `MAX_TABLE_COLUMNS`. The DataFrame given keeps every column and the raw
+    numbers.
 
     Example:
         >>> frame(results_frame, ["precision", "step_time_s", "peak_memory_bytes"])

@@ -1,4 +1,14 @@
-"""What we run on: device, GPU, capability, bf16/tensor-core support, platform and profile."""
+"""What we run on: device, GPU, capability, bf16/tensor-core support, platform and profile.
+
+A `Profile` shrinks the work, never skips a code path. Its ``emulated_steps`` caps a run whose precision the
+device can only emulate (fp16/bf16 on a CPU without the instructions is 10-20x slower than fp32): its step time
+and memory are measured as usual, over fewer steps, so that a notebook keeps its time budget; the run records
+and says that it was cut. Its ``sweep_epochs`` runs are epoch-based, so that every batch size sees the same data
+and a larger batch takes fewer, larger steps. Its workload (``model``, ``dataset``, ``image_size``,
+``batch_size``; `labkit.config.baseline`): ``ci`` and ``quick`` fine-tune the small ``small_cnn`` on 32x32
+``shapes10``, which runs offline in seconds; ``full`` fine-tunes an ImageNet-pretrained ResNet-18 on CIFAR-10
+upsampled to ``image_size``, where a T4 is busy and the techniques' effects show.
+"""
 
 from __future__ import annotations
 
@@ -43,40 +53,22 @@ check_torch(torch.__version__)
 
 @dataclass(frozen=True)
 class Profile:
-    """How much work a notebook does. Shrinks the work, never skips a code path.
+    """How much work a notebook does. Shrinks the work, never skips a code path (see the module docstring)."""
 
-    Attributes:
-        name: ``ci``, ``quick`` or ``full``.
-        train_size, val_size, test_size: samples in each split of a dataset.
-        max_steps: the step budget of one fine-tune in the notebooks.
-        warmup_steps: untimed plain steps before timing starts (the profiling steps come on top).
-        repeats: timed repetitions of latency and timing demos.
-        batch_sizes: the batch sizes notebook 02 sweeps (`labkit.labs.batch_size.batch_sweep`).
-        sweep_epochs: epochs of each run in that sweep. Runs there are epoch-based, so that every batch
-            size sees the same data and a larger batch takes fewer, larger steps.
-        emulated_steps: the most optimizer steps of a run whose precision the device can only emulate
-            (fp16/bf16 on a CPU without the instructions is 10-20x slower than fp32): its step time and
-            memory are measured as usual, over fewer steps, so that a notebook keeps its time budget;
-            the run records and says that it was cut.
-        model, dataset, image_size, batch_size: the workload of the notebooks' main experiments
-            (`labkit.config.baseline`). ``ci`` and ``quick`` fine-tune the small ``small_cnn`` on 32x32
-            ``shapes10``, which runs offline in seconds; ``full`` fine-tunes an ImageNet-pretrained ResNet-18
-            on CIFAR-10 upsampled to ``image_size``, where a T4 is busy and the techniques' effects show.
-    """
-
-    name: str
-    train_size: int
-    val_size: int
-    test_size: int
-    max_steps: int
-    warmup_steps: int
-    repeats: int
-    batch_sizes: tuple[int, ...]
-    sweep_epochs: int
-    emulated_steps: int
+    name: str  # ``ci``, ``quick`` or ``full``
+    train_size: int  # samples in the training split of a dataset
+    val_size: int  # samples in the validation split
+    test_size: int  # samples in the test split
+    max_steps: int  # the step budget of one fine-tune in the notebooks
+    warmup_steps: int  # untimed plain steps before timing starts (the profiling steps come on top)
+    repeats: int  # timed repetitions of latency and timing demos
+    batch_sizes: tuple[int, ...]  # the batch sizes notebook 02 sweeps (`labkit.labs.batch_size.batch_sweep`)
+    sweep_epochs: int  # epochs of each run in that sweep
+    emulated_steps: int  # the most optimizer steps of a run whose precision the device can only emulate
+    # the workload of the notebooks' main experiments (`labkit.config.baseline`):
     model: str = "small_cnn"
     dataset: str = "shapes10"
-    image_size: int | None = None
+    image_size: int | None = None  # inputs upsampled to this size (None: the dataset's own)
     batch_size: int = 64
 
     def to_dict(self) -> dict:
@@ -129,8 +121,7 @@ def is_online() -> bool:
 
 
 def cuda_arch_problem(index: int = 0) -> str | None:
-    """Why this torch cannot run kernels on GPU ``index`` although ``torch.cuda.is_available()`` is True,
-    or None when it can.
+    """Why this torch cannot run kernels on GPU ``index`` though ``torch.cuda.is_available()``; None when it can.
 
     A torch build carries kernels for a list of architectures (``torch.cuda.get_arch_list()``, e.g.
     ``sm_75``). A GPU runs a kernel built for its own major version and an equal or lower minor one
@@ -167,8 +158,10 @@ def cuda_usable() -> bool:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` -> CUDA when there is a GPU this torch can run on, else CPU (saying why, once, when a GPU
-    was there). ``cuda`` without a usable GPU is an error."""
+    """Resolve a device name: ``auto`` -> CUDA when there is a GPU this torch can run on, else CPU.
+
+    ``auto`` says why, once, when a GPU was there. ``cuda`` without a usable GPU is an error.
+    """
     if device == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")

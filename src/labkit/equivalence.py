@@ -5,6 +5,11 @@ loop) and checks it against `labkit.train.Trainer.step`; a code exercise runs th
 same way. Both start from the same weights and see the same batches. What is compared is what the
 optimizer is given: the gradients at the moment ``optimizer.step()`` runs (after any unscaling and
 clipping), then the weights after the step and, for fp16, the GradScaler's scale.
+
+The ``step`` that `compare_step` runs is ``step(model, images, labels, optimizer)``, plus ``scaler`` and
+``dtype`` when it takes parameters of those names: a GradScaler like the engine's, and the autocast dtype or
+None for fp32. ``images`` are model inputs already on the device. A huge ``init_scale``, e.g. 2**40, makes the
+first fp16 steps overflow: the engine skips them, and so must the plain step.
 """
 
 from __future__ import annotations
@@ -75,13 +80,10 @@ def compare_step(step: Callable, cfg: RunConfig, steps: int = 2, init_scale: flo
     """Run ``step`` and `Trainer.step` for ``cfg`` from the same weights on the same ``steps`` batches.
 
     Args:
-        step: ``step(model, images, labels, optimizer)`` (plus ``scaler`` and ``dtype`` when it takes
-            parameters of those names: a GradScaler like the engine's, and the autocast dtype or None for
-            fp32). ``images`` are model inputs already on the device.
+        step: ``step(model, images, labels, optimizer)``, taking ``scaler``/``dtype`` too if it names them.
         cfg: the run the engine would do (its precision, grad_accum, grad_clip and optimizer).
         steps: optimizer steps to compare (two: the second one shows a scaler that was not updated).
-        init_scale: the GradScalers' first scale (fp16; default PyTorch's 2**16). A huge one, e.g. 2**40,
-            makes the first steps overflow: the engine skips them, and so must the plain step.
+        init_scale: the GradScalers' first scale (fp16; default PyTorch's 2**16); a huge one makes steps overflow.
 
     Returns:
         A `StepComparison`; ``.same()`` says whether they agree.

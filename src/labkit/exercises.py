@@ -14,6 +14,9 @@ A learner's cell starts as ``answer = None  # YOUR CODE`` (or, for code, a funct
 untouched notebook runs clean in CI; it raises `WrongAnswer` with a hint on a wrong answer and confirms a
 right one. `solution(name)` gives instructors the worked solution; the tests check every solution against numbers
 computed independently.
+
+`check` compares numbers with the exercise's relative tolerance (1% unless it says otherwise). For a code
+exercise the answer is the learner's function; one that still raises NotImplementedError is not attempted.
 """
 
 from __future__ import annotations
@@ -123,8 +126,7 @@ class Feedback(Text):
 
 
 class Exercises:
-    """One notebook's exercises, by name: what its notebook asks (`question`), checks (`check`) and what an
-    instructor reads (`solution`).
+    """One notebook's exercises by name: what it asks (`question`), checks (`check`), shows instructors (`solution`).
 
     Example:
         >>> from labkit.labs.start_here import exercises
@@ -174,7 +176,8 @@ def question(exercise: Exercise | CodeExercise, numbers: dict | None = None) -> 
     """The question text of ``exercise``, for a notebook to print.
 
     Args:
-        exercise: the exercise. numbers: the learner's own numbers, for an exercise that uses them.
+        exercise: the exercise.
+        numbers: the learner's own numbers, for an exercise that uses them.
     """
     name = exercise.name
     if isinstance(exercise, CodeExercise):
@@ -185,10 +188,7 @@ def question(exercise: Exercise | CodeExercise, numbers: dict | None = None) -> 
 
 
 def check(exercise: Exercise | CodeExercise, answer, numbers: dict | None = None) -> str:
-    """Check ``answer`` to ``exercise``: None -> "not attempted yet"; wrong -> `WrongAnswer`; right -> confirmed.
-
-    Numbers are compared with the exercise's relative tolerance (1% unless it says otherwise). For a code
-    exercise ``answer`` is the learner's function; one that still raises NotImplementedError is not attempted.
+    """Check ``answer``: None -> "not attempted yet"; wrong -> `WrongAnswer` (with a hint); right -> confirmed.
 
     Args:
         exercise: the exercise (`Exercises.check` finds it by name, e.g. ``"00.throughput"``).
@@ -197,9 +197,6 @@ def check(exercise: Exercise | CodeExercise, answer, numbers: dict | None = None
 
     Returns:
         The message, also printed.
-
-    Raises:
-        WrongAnswer: the answer is wrong (the message has a hint).
 
     Example:
         >>> answer = None  # YOUR CODE
@@ -246,8 +243,9 @@ def _check_code(exercise: CodeExercise, answer, numbers) -> str:
 
 
 def solution(exercise: Exercise | CodeExercise, numbers: dict | None = None) -> str:
-    """The worked solution of ``exercise``, for instructors: the formula with the numbers put in, or
-    the reference function's source for a code exercise.
+    """The worked solution of ``exercise``, for instructors.
+
+    The formula with the numbers put in, or the reference function's source for a code exercise.
 
     Example:
         >>> print(exercises.solution("00.throughput"))  # `Exercises.solution`, in notebook 00

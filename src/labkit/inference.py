@@ -22,8 +22,10 @@ LATENCY_BATCH = 64
 
 
 def model_device(model: nn.Module) -> torch.device:
-    """Where ``model`` runs: the device of its first parameter or buffer; the CPU when it has neither (a
-    statically quantized model keeps its weights in packed CPU objects, which are neither)."""
+    """Where ``model`` runs: the device of its first parameter or buffer; the CPU when it has neither.
+
+    A statically quantized model keeps its weights in packed CPU objects, which are neither.
+    """
     for tensor in (*model.parameters(), *model.buffers()):
         return tensor.device
     return torch.device("cpu")
@@ -58,12 +60,14 @@ LATENCY_ROUNDS = 4
 
 
 def latencies(models: list[nn.Module], x: torch.Tensor, prof: Profile | None = None, cpu: bool = False) -> list[float]:
-    """Median inference latency of each model on ``x``, measured in turns (a few calls of each, round after round),
-    so that a slow spell of the machine (another process, a clock change) hits every model alike; every other
+    """Median inference latency of each model on ``x``, measured in turns (a few calls of each, round after round).
+
+    Turns make a slow spell of the machine (another process, a clock change) hit every model alike; every other
     round runs in reverse order, so that no model gains from its place in the round.
 
     Args:
-        models: the models to compare. x: the batch (on the device they run on).
+        models: the models to compare.
+        x: the batch (on the device they run on).
         prof: the profile (its ``repeats`` calls per model in all; default: the active one).
         cpu: time CPU copies of the models (when they live on a GPU: fewer calls, a CPU is slow).
     """

@@ -20,8 +20,10 @@ _shown: set[str] = set()
 
 
 def wrap(text: str, width: int = WIDTH) -> str:
-    """Wrap each line of ``text`` at spaces so that none is longer than ``width`` (a word longer than that
-    stays whole); existing line breaks stay, and a bullet's continuation lines are indented under it.
+    """Wrap each line of ``text`` at spaces so that none is longer than ``width``.
+
+    A word longer than that stays whole; existing line breaks stay, and a bullet's continuation lines are
+    indented under it.
 
     Example:
         >>> print(wrap("- one two three", width=9))

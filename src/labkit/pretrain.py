@@ -14,7 +14,8 @@ from .config import RunConfig
 from .errors import ConfigError
 from .train import fit
 
-# Per-model recipe (one for each of models.SHIPPED_CHECKPOINTS): enough steps to learn the source task well on a 2-core CPU in a few minutes.
+# Per-model recipe (one for each of models.SHIPPED_CHECKPOINTS): enough steps to learn the source task well on a
+# 2-core CPU in a few minutes.
 RECIPES = {
     "small_cnn": {"batch_size": 128, "lr": 1e-3, "max_steps": 1500, "train_size": 16000},
     "shufflenet_v2_x0_5": {"batch_size": 128, "lr": 2e-3, "max_steps": 1000, "train_size": 16000},

@@ -1,4 +1,18 @@
-"""`RunResult`: what one training run measured, JSON-serialisable."""
+"""`RunResult`: what one training run measured, JSON-serialisable.
+
+Details of some `RunResult` fields:
+
+- ``planned_steps``: the steps the config asked for when the run was cut short because its precision is
+  emulated here (`Profile.emulated_steps`), else None.
+- ``distributed``: for a data-parallel run (`labkit.labs.distributed.launch`), the job: ``world_size``,
+  ``backend``, ``weights_sha256`` (one per rank), ``ranks`` (each rank's own figures), ``bucket_cap_mb``,
+  ``allreduce_bytes_per_step``; None for a run in one process. Step time, throughput, loss, FLOPs and accuracy
+  are then the job's; peak memory is rank 0's.
+- ``inference``: when the config prunes or quantizes for inference (``prune_amount``, ``quantize``), the
+  deployed copy's figures (`labkit.train.score_inference`): ``method`` (in words), ``accuracy`` (test),
+  ``size_bytes`` (serialised), ``nonzero_share`` (of the Conv/Linear weights, before quantization),
+  ``device``; ``accuracy`` and ``model_size_bytes`` stay the trained float model's. None otherwise.
+"""
 
 from __future__ import annotations
 
@@ -14,70 +28,43 @@ MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations"
 class RunResult:
     """The measurements of one `labkit.fit` run.
 
-    Times are seconds, memory and sizes bytes, throughput samples per second.
-
-    Attributes:
-        config: the `RunConfig` as a dict; env: the `labkit.env_report()` dict.
-        steps: optimizer steps trained; planned_steps: the steps the config asked for when the run was
-            cut short because its precision is emulated here (`Profile.emulated_steps`), else None.
-        step_time_s: median time of one optimizer step over the timed steps (warm-up excluded).
-        step_time_p10_s, step_time_p90_s: spread of the timed steps; step_times_s: all of them.
-        throughput: samples per second, batch_size / step_time_s.
-        peak_memory_bytes: on CUDA ``max_memory_allocated`` over the timed steps; on CPU the tracked tensors' peak.
-        reserved_memory_bytes: CUDA caching-allocator reserve at its peak (None on CPU: there is no cache).
-        memory: each category's own peak over a training step (parameters, gradients, optimizer_state,
-            activations, other).
-        memory_at_peak: the composition at the moment of the total peak.
-        accuracy: test accuracy after training (None when ``evaluate=False``).
-        losses: training loss per optimizer step.
-        flops_per_step: FLOPs of one optimizer step (forward + backward), counted by FlopCounterMode.
-        achieved_flops: flops_per_step / step_time_s; peak_flops: the device's datasheet peak for the
-            precision used (None when unknown); mfu: achieved / peak.
-        model_size_bytes: serialised state_dict size; num_params / num_trainable_params: parameter counts.
-        weights: where the starting weights came from; warnings: what the run warned about.
-        error: why the run failed (sweeps record failures as rows).
-        distributed: for a data-parallel run (`labkit.labs.distributed.launch`), the job: ``world_size``,
-            ``backend``, ``weights_sha256`` (one per rank), ``ranks`` (each rank's own figures),
-            ``bucket_cap_mb``, ``allreduce_bytes_per_step``; None for a run in one process. Step time,
-            throughput, loss, FLOPs and accuracy are then the job's; peak memory is rank 0's.
-        inference: when the config prunes or quantizes for inference (``prune_amount``, ``quantize``), the
-            deployed copy's figures (`labkit.train.score_inference`): ``method`` (in words), ``accuracy`` (test),
-            ``size_bytes`` (serialised), ``nonzero_share`` (of the Conv/Linear weights, before quantization),
-            ``device``; ``accuracy`` and ``model_size_bytes`` above stay the trained float model's. None otherwise.
+    Times are seconds, memory and sizes bytes, throughput samples per second. Each field's comment says what it
+    holds; the module docstring has the details of ``planned_steps``, ``distributed`` and ``inference``.
     """
 
-    config: dict
-    env: dict = field(default_factory=dict)
-    precision_used: str = "fp32"
-    tf32: bool = False
-    steps: int = 0
-    planned_steps: int | None = None
-    timed_steps: int = 0
-    step_time_s: float = math.nan
-    step_time_p10_s: float = math.nan
-    step_time_p90_s: float = math.nan
-    step_times_s: list = field(default_factory=list)
-    throughput: float = math.nan
-    train_time_s: float = math.nan
+    config: dict  # the `RunConfig` as a dict
+    env: dict = field(default_factory=dict)  # the `labkit.env_report()` dict
+    precision_used: str = "fp32"  # the precision the run used (``auto`` resolved)
+    tf32: bool = False  # whether TF32 was allowed
+    steps: int = 0  # optimizer steps trained
+    planned_steps: int | None = None  # the steps the config asked for, when an emulated precision cut the run short
+    timed_steps: int = 0  # the steps timed (warm-up excluded)
+    step_time_s: float = math.nan  # median time of one optimizer step over the timed steps
+    step_time_p10_s: float = math.nan  # spread of the timed steps: 10th percentile
+    step_time_p90_s: float = math.nan  # and 90th percentile
+    step_times_s: list = field(default_factory=list)  # every timed step's time
+    throughput: float = math.nan  # samples per second, batch_size / step_time_s
+    train_time_s: float = math.nan  # wall-clock time of the whole training loop
+    # on CUDA ``max_memory_allocated`` over the timed steps; on CPU the tracked tensors' peak
     peak_memory_bytes: int | None = None
-    reserved_memory_bytes: int | None = None
-    memory: dict = field(default_factory=dict)
-    memory_at_peak: dict = field(default_factory=dict)
-    memory_note: str | None = None
-    accuracy: float | None = None
-    losses: list = field(default_factory=list)
-    flops_per_step: int | None = None
-    achieved_flops: float | None = None
-    peak_flops: float | None = None
-    mfu: float | None = None
-    model_size_bytes: int | None = None
-    num_params: int | None = None
-    num_trainable_params: int | None = None
-    weights: str | None = None
-    warnings: list = field(default_factory=list)
-    error: str | None = None
-    distributed: dict | None = None
-    inference: dict | None = None
+    reserved_memory_bytes: int | None = None  # CUDA caching-allocator reserve at its peak (None on CPU: no cache)
+    memory: dict = field(default_factory=dict)  # each of `MEMORY_CATEGORIES`' own peak over a training step
+    memory_at_peak: dict = field(default_factory=dict)  # the composition at the moment of the total peak
+    memory_note: str | None = None  # why the memory breakdown is missing, if it is
+    accuracy: float | None = None  # test accuracy after training (None when ``evaluate=False``)
+    losses: list = field(default_factory=list)  # training loss per optimizer step
+    flops_per_step: int | None = None  # FLOPs of one optimizer step (forward + backward), by FlopCounterMode
+    achieved_flops: float | None = None  # flops_per_step / step_time_s
+    peak_flops: float | None = None  # the device's datasheet peak for the precision used (None when unknown)
+    mfu: float | None = None  # achieved / peak
+    model_size_bytes: int | None = None  # serialised state_dict size
+    num_params: int | None = None  # parameter count
+    num_trainable_params: int | None = None  # trainable parameter count
+    weights: str | None = None  # where the starting weights came from
+    warnings: list = field(default_factory=list)  # what the run warned about
+    error: str | None = None  # why the run failed (sweeps record failures as rows)
+    distributed: dict | None = None  # a data-parallel run's job (see the module docstring); None in one process
+    inference: dict | None = None  # the pruned or quantized copy's figures (see the module docstring), else None
 
     model = None  # the trained model after `labkit.fit` (not serialised; None for cached or reference runs)
 

@@ -1,4 +1,15 @@
-"""Many runs -> one DataFrame: `sweep`, the per-run JSON cache, and reference results from real GPUs."""
+"""Many runs -> one DataFrame: `sweep`, the per-run JSON cache, and reference results from real GPUs.
+
+`cached_model` keeps the trained weights too, as ``<key>.pt`` beside the run's JSON, so that later calls get
+the trained model back without training again (a pruning or quantization notebook starts from it). The weights
+are written before the run's JSON, each atomically: an interrupted call leaves either both or a run that is
+trained again. A model rebuilt from the cache has the trained weights, the run's checkpointing, freezing and
+memory format, and is in training mode, as ``labkit.fit``'s model is. A run that `cached_fit` stored without
+weights is trained again for them, and keeps the result it measured first, so that every table of a notebook
+shows the same numbers for the same config. A config that prunes or quantizes for inference trains as
+`trained_config` (cached once for all of them) and scores its deployed copy on top (``result.inference``); the
+model returned is then the trained float model.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +40,8 @@ from .train import exports, fit, prepare_model, run_splits, score_inference
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
 METRIC_COLUMNS = (
-    "precision_used", "steps", "planned_steps", "timed_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s", "throughput",
+    "precision_used", "steps", "planned_steps", "timed_steps", "step_time_s", "step_time_p10_s", "step_time_p90_s",
+    "throughput",
     "train_time_s", "peak_memory_bytes", "reserved_memory_bytes", "accuracy", "flops_per_step", "achieved_flops",
     "peak_flops", "mfu", "model_size_bytes", "num_params", "num_trainable_params", "weights",
 )
@@ -53,8 +65,11 @@ def code_fingerprint() -> str:
 
 
 def cache_key(cfg: RunConfig, env: dict) -> str:
-    """A run is reusable when the config, the hardware, torch/torchvision, the profile, whether labkit may
-    download (which decides the starting weights) and labkit's code all match."""
+    """The cache key of a run of ``cfg`` on ``env``: equal for two runs when one can reuse the other.
+
+    A run is reusable when the config, the hardware, torch/torchvision, the profile, whether labkit may
+    download (which decides the starting weights) and labkit's code all match.
+    """
     blob = json.dumps({"config": cfg.to_dict(), "hardware": hardware_key(env), "torchvision": env.get("torchvision"),
                        "online": is_online(), "checkpoints": str(checkpoint_dir()), "code": code_fingerprint()},
                       sort_keys=True)
@@ -106,17 +121,13 @@ def trained_config(cfg: RunConfig) -> RunConfig:
 
 def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True,
                  on_step=None) -> tuple[torch.nn.Module, RunResult]:
-    """`cached_fit` that also keeps the trained weights, as ``<key>.pt`` beside the run's JSON, so that later
-    calls get the trained model back without training again (a pruning or quantization notebook starts from it).
+    """`cached_fit` that also keeps the trained weights (``<key>.pt`` beside the run's JSON) and returns the model.
 
-    The weights are written before the run's JSON, each atomically: an interrupted call leaves either both or a
-    run that is trained again. A model rebuilt from the cache has the trained weights, the run's checkpointing,
-    freezing and memory format, and is in training mode, as ``labkit.fit``'s model is. A run that `cached_fit`
-    stored without weights is trained again for them, and keeps the result it measured first, so that every
-    table of a notebook shows the same numbers for the same config.
-
-    A config that prunes or quantizes for inference trains as `trained_config` (cached once for all of them) and
-    scores its deployed copy on top (``result.inference``); ``model`` is then the trained float model.
+    Args:
+        cfg: the run; one that prunes or quantizes trains as `trained_config` (``model`` is the float model).
+        refresh: train again and overwrite the cache.
+        progress: show a progress bar.
+        on_step: ``on_step(done, total)`` after each optimizer step, as in `labkit.fit`.
 
     Returns:
         ``(model, result)``; ``result.model`` is ``model`` too.
@@ -270,8 +281,10 @@ def cached_record(key: str, compute: Callable[[], dict], refresh: bool = False) 
 
 def cached_frame(name: str, cfgs: Iterable[RunConfig], compute: Callable[[], pd.DataFrame], refresh: bool = False,
                  **params) -> pd.DataFrame:
-    """A measured table (latencies, accuracies of quantized models...) computed once per configs, hardware, code and
-    ``params``, then read from the cache like a training run (``refresh=True`` measures again).
+    """A measured table (latencies, accuracies of quantized models...), computed once, then read from the cache.
+
+    It is computed once per configs, hardware, code and ``params``, then read from the cache like a training
+    run (``refresh=True`` measures again).
 
     Example:
         >>> table = cached_frame("quant-compare", [cfg], lambda: measure_everything(cfg), methods=["fp32"])
@@ -329,7 +342,8 @@ def load_reference(pattern: str = "*", **where) -> pd.DataFrame:
         if name not in frame.columns:
             if name in field_names() or frame.empty:
                 return frame.iloc[0:0]  # nothing shipped for this filter yet
-            raise ConfigError("load_reference filter", name, f"a column of these references ({', '.join(frame.columns)})")
+            raise ConfigError("load_reference filter", name,
+                              f"a column of these references ({', '.join(frame.columns)})")
         frame = frame[frame[name] == value]
     return frame.reset_index(drop=True)
 
@@ -339,9 +353,11 @@ def write_reference(results: list[RunResult], path: Path, extras: dict | None = 
     """Write results as a reference file labelled with GPU, date and versions (see `load_reference`).
 
     Args:
-        results: RunResults, stored whole. rows: a DataFrame stored as records (None: none).
-        extras: anything else worth keeping (JSON-serialisable). env: the machine's report (default:
-            the first result's, else this machine's).
+        results: RunResults, stored whole.
+        path: the file to write.
+        extras: anything else worth keeping (JSON-serialisable).
+        rows: a DataFrame stored as records (None: none).
+        env: the machine's report (default: the first result's, else this machine's).
     """
     env = env or (results[0].env if results else env_report())
     payload = {

@@ -49,13 +49,14 @@ def _splits(name: str, train_size: int, val_size: int, test_size: int) -> dict:
 
 
 def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = True) -> dict:
-    """The train/val/test splits a run of ``cfg`` uses: ``cfg.train_size`` (else the profile's) training
-    samples and the profile's validation and test sizes. Loaded once per session and size.
+    """The train/val/test splits a run of ``cfg`` uses, loaded once per session and size.
+
+    ``cfg.train_size`` (else the profile's) training samples and the profile's validation and test sizes.
 
     Args:
-        cfg: the run. prof: the profile (default: the active one).
-        training: check that one batch of ``cfg`` fits in the training set (False when only the test
-            split is used, e.g. to time inference).
+        cfg: the run.
+        prof: the profile (default: the active one).
+        training: check that one batch of ``cfg`` fits in the training set (False: only the test split is used).
 
     Example:
         >>> run_splits(cfg)["test"].num_classes
@@ -165,9 +166,11 @@ def export_label(cfg: RunConfig) -> str:
 
 
 def inference_model(model: torch.nn.Module, cfg: RunConfig, split: data.ImageData) -> torch.nn.Module:
-    """The trained ``model`` as ``cfg`` deploys it, a copy: pruned (``prune_amount``, ``prune_structured``), then
-    quantized (``quantize``, ``quantize_keep_float``). ``split`` gives static int8's calibration batches and the
-    example inputs that structured pruning checks its rebuilt model on. ``model`` is left alone.
+    """The trained ``model`` as ``cfg`` deploys it: a pruned, then quantized copy (``model`` is left alone).
+
+    Pruned as ``prune_amount`` and ``prune_structured`` say, then quantized as ``quantize`` and
+    ``quantize_keep_float`` say. ``split`` gives static int8's calibration batches and the example inputs that
+    structured pruning checks its rebuilt model on.
 
     Example:
         >>> small = inference_model(result.model, cfg.replace(quantize="int8_dynamic"), splits["train"])
@@ -190,8 +193,11 @@ def inference_model(model: torch.nn.Module, cfg: RunConfig, split: data.ImageDat
 
 
 def score_inference(model: torch.nn.Module, cfg: RunConfig, splits: dict) -> dict:
-    """``RunResult.inference``: the deployed copy's (`inference_model`) test accuracy, serialised size and share of
-    nonzero Conv/Linear weights, scored in float32 on the device its kernels run on."""
+    """``RunResult.inference``: the deployed copy's (`inference_model`) test accuracy, size and nonzero share.
+
+    The size is the serialised one and the share that of nonzero Conv/Linear weights, scored in float32 on the
+    device its kernels run on.
+    """
     deployed = inference_model(model, cfg, splits["train"])
     device = next(iter(deployed.parameters()), None)
     device = device.device if device is not None else torch.device("cpu")  # torch.ao's int8 keeps no parameters

@@ -3,13 +3,16 @@
 Each probe runs the config (or a short piece of it), looks for one symptom, and when it shows names the likely
 cause and a remedy as config changes, then tries the remedy where a run can tell whether it works:
 
-| symptom | probe | remedy tried |
-| --- | --- | --- |
-| loss becomes NaN (or explodes) | the run's losses | a safer precision, lr / 10, gradient clipping |
-| AMP slower than fp32 | a few timed steps in the config's precision and in fp32 | (named: fp32 here, a larger batch, channels_last) |
-| accuracy drops a lot after quantization | float against quantized accuracy (``quantize``) | the first/last layers (or LayerNorm) kept in float |
-| memory not reduced after pruning | the pruned copy's size against the dense one (``prune_amount``) | structured pruning |
-| distributed run hangs | the job under torchrun with a short process-group timeout (``nproc``) | (named: the rank, timeouts, backend) |
+- loss becomes NaN (or explodes). Probe: the run's losses. Remedy tried: a safer precision, lr / 10, gradient
+  clipping.
+- AMP slower than fp32. Probe: a few timed steps in the config's precision and in fp32. Remedy (named, not tried):
+  fp32 here, a larger batch, channels_last.
+- accuracy drops a lot after quantization. Probe: float against quantized accuracy (``quantize``). Remedy tried: the
+  first/last layers (or LayerNorm) kept in float.
+- memory not reduced after pruning. Probe: the pruned copy's size against the dense one (``prune_amount``). Remedy
+  tried: structured pruning.
+- distributed run hangs. Probe: the job under torchrun with a short process-group timeout (``nproc``). Remedy (named,
+  not tried): the rank, timeouts, backend.
 
 It sits above the labs because the distributed probe launches a job (`labkit.labs.distributed.launch`).
 """
@@ -150,9 +153,11 @@ def _said(changes: dict) -> str:
 
 
 def probe_nan(cfg: RunConfig) -> tuple[Finding, bool]:
-    """The run's losses: non-finite, or exploding (`EXPLODED`). Tries a safer precision, then lr / 10, gradient
-    clipping and a far smaller lr, and names the first with which the loss falls (else the first that keeps it
-    under `TAME` times its start). Returns the finding and whether the run trained."""
+    """Probe the run's losses for non-finite or exploding (`EXPLODED`) ones; return the finding and if it trained.
+
+    Tries a safer precision, then lr / 10, gradient clipping and a far smaller lr, and names the first with which
+    the loss falls (else the first that keeps it under `TAME` times its start).
+    """
     losses, text = _losses(cfg)
     numbers = {"first_loss": losses[0], "last_loss": losses[-1]} if losses else {"first_loss": math.nan,
                                                                                  "last_loss": math.nan}
@@ -184,7 +189,8 @@ def probe_nan(cfg: RunConfig) -> tuple[Finding, bool]:
         return Finding("nan_loss", "problem", text, cause, f"set {_said(changes)} ({why})", changes,
                        "; ".join(tried), numbers), False
     return Finding("nan_loss", "problem", text, "neither the precision nor the learning rate: look at the data "
-                   "(NaN or huge inputs) and the loss function", "check the inputs with torch.isfinite; lower lr further",
+                   "(NaN or huge inputs) and the loss function",
+                   "check the inputs with torch.isfinite; lower lr further",
                    {}, "; ".join(tried), numbers), False
 
 
@@ -247,8 +253,10 @@ def _keep_choices(model: torch.nn.Module) -> list[tuple[str, ...]]:
 
 
 def probe_quantization(cfg: RunConfig, model: torch.nn.Module, result) -> Finding:
-    """Float against quantized test accuracy; if it dropped, which layers to keep in float (chosen on the
-    validation split, checked on the test split)."""
+    """Float against quantized test accuracy; if it dropped, which layers to keep in float.
+
+    The layers are chosen on the validation split and checked on the test split.
+    """
     if cfg.quantize is None:
         return Finding("quantization_drop", "not probed", "the run quantizes nothing (quantize: null)")
     splits = train.run_splits(cfg)
@@ -304,7 +312,8 @@ def probe_pruning(cfg: RunConfig, model: torch.nn.Module, result) -> Finding:
     info = result.inference
     ratio = info["size_bytes"] / dense["size_bytes"]
     observed = (f"{info['method']}: {_pct(1 - info['nonzero_share'])} of the weights are zero and the file is "
-                f"{info['size_bytes'] / 2**20:.2f} MiB, {_pct(ratio)} of the unpruned {dense['size_bytes'] / 2**20:.2f} MiB")
+                f"{info['size_bytes'] / 2**20:.2f} MiB, {_pct(ratio)} of the unpruned "
+                f"{dense['size_bytes'] / 2**20:.2f} MiB")
     numbers = {"size_ratio": ratio, "nonzero_share": info["nonzero_share"]}
     if ratio < 0.9:
         return Finding("pruning_memory", "ok", f"no: {observed}", numbers=numbers)
@@ -326,8 +335,11 @@ def probe_pruning(cfg: RunConfig, model: torch.nn.Module, result) -> Finding:
 
 def probe_distributed(cfg: RunConfig, nproc: int | None, backend: str | None = None, timeout_s: float | None = None,
                       fail_rank: int | None = None, fail_step: int | None = None, fail_how: str = "raise") -> Finding:
-    """The job under torchrun with a process-group timeout of at most `PROBE_TIMEOUT_S`, so that a hang ends as
-    an error naming the rank in seconds. ``fail_*`` make a rank fail on purpose (see `launch`)."""
+    """The job under torchrun with a process-group timeout of at most `PROBE_TIMEOUT_S`.
+
+    A hang then ends, in seconds, as an error naming the rank. ``fail_*`` make a rank fail on purpose (see
+    `launch`).
+    """
     if nproc is None:
         return Finding("distributed_hang", "not probed", "no distributed job asked for (nproc)")
     timeout = PROBE_TIMEOUT_S if timeout_s is None else min(float(timeout_s), PROBE_TIMEOUT_S)
@@ -361,16 +373,16 @@ def probe_distributed(cfg: RunConfig, nproc: int | None, backend: str | None = N
 def doctor(cfg: RunConfig | str | Path, nproc: int | None = None, backend: str | None = None,
            timeout_s: float | None = None, fail_rank: int | None = None, fail_step: int | None = None,
            fail_how: str = "raise") -> Diagnosis:
-    """Probe ``cfg`` for each symptom of `SYMPTOMS` and name the likely cause and the remedy of each that shows.
+    """Probe ``cfg`` for each symptom of `SYMPTOMS`; the `Diagnosis` (print it) names each one's cause and remedy.
 
     Args:
         cfg: a `RunConfig`, or the path of a YAML config (`labkit.load_config`).
         nproc: also run it data parallel over this many processes (the hang probe); None skips that probe.
-        backend, timeout_s: the distributed job's backend (None: the device's) and process-group timeout
-            (at most `PROBE_TIMEOUT_S`). fail_rank, fail_step, fail_how: make a rank fail on purpose (a demo).
-
-    Returns:
-        A `Diagnosis`: ``findings`` (symptom, status, observed, cause, remedy, fix, checked); print it.
+        backend: the distributed job's backend (None: the device's).
+        timeout_s: the distributed job's process-group timeout (at most `PROBE_TIMEOUT_S`).
+        fail_rank: make this rank fail on purpose (a demo).
+        fail_step: the step after which it fails.
+        fail_how: how it fails: ``"raise"`` (the default), ``"exit"`` or ``"hang"``.
 
     Example:
         >>> print(labkit.doctor(labkit.RunConfig(optimizer="sgd", lr=50.0)))

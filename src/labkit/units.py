@@ -40,8 +40,9 @@ def change(ratio_to_reference: float) -> str:
 
 
 def change_between(value: float, reference: float) -> str:
-    """``value`` against ``reference`` in words, as `change` says it, from the saving
-    ``(reference - value) / reference`` (no ratio rounded first).
+    """``value`` against ``reference`` in words, as `change` says it.
+
+    It works from the saving ``(reference - value) / reference`` (no ratio rounded first).
 
     Example:
         >>> change_between(30 * 2**20, 40 * 2**20)

@@ -124,8 +124,10 @@ class Trend:
 
 
 class Bars(Trend):
-    """A panel's ``show`` like `Trend` for a categorical ``x`` (e.g. ``"method"``): one bar per run, grouped by
-    ``x`` and coloured by ``hue``; a new run replaces an earlier one with the same ``x`` and ``hue``.
+    """A panel's ``show`` like `Trend` for a categorical ``x`` (e.g. ``"method"``): one bar per run.
+
+    The bars are grouped by ``x`` and coloured by ``hue``; a new run replaces an earlier one with the same ``x``
+    and ``hue``.
 
     Example:
         >>> ExperimentPanel(lab.panel_run, {"seed": [0]}, options={"method": ["int8_dynamic", "int8_static"]},

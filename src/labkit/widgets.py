@@ -2,6 +2,21 @@
 
 Notebook-only: this module imports ipywidgets, and ``labkit/__init__`` never imports it. Works with
 ipywidgets 7.7.1 (what Colab ships) and 8.x: only core widgets and arguments both versions share.
+
+Pressing Run builds ``base.replace(**control values)``, calls ``run(cfg)`` and draws what it returns with
+``show`` in the output area; matplotlib figures ``show`` leaves open are displayed and closed after it returns.
+Errors (a `ConfigError` from a bad combination, or anything ``run`` raises) are caught, shown in red in the
+status line and kept in ``last_error``: ipywidgets would otherwise swallow them silently. A click while a run is
+in progress is refused. A ``run`` that takes a keyword ``on_step`` receives ``panel.progress_callback`` to move
+the progress bar.
+
+A control is a list of values (Dropdown), a ``(min, max, step)`` tuple (IntSlider when all ints, else
+FloatSlider) or a bool (Checkbox, initially that value); ``base`` also sets the initial dropdown/slider values
+where they are allowed. ``options`` are controls that are not `RunConfig` fields: each starts at ``run``'s
+default for that keyword when the spec offers it, and their values go to ``run`` as keyword arguments (e.g.
+``{"lr_scaling": [False, "linear", "sqrt"]}``), so ``run`` must accept each name. The ``estimate`` line (default
+`labkit.estimates.estimate_run`: "about 40 s", from runs already finished on this machine) is updated whenever a
+control changes, so that a slow choice such as fp16 emulated on a CPU is known before Run is pressed.
 """
 
 from __future__ import annotations
@@ -36,10 +51,8 @@ def make_control(name: str, spec, default=None):
 
     Args:
         name: the `RunConfig` field (the widget's description).
-        spec: a list of values; a tuple of 3 numbers ``(min, max, step)`` (all ints: IntSlider, else
-            FloatSlider); or a bool (the checkbox's initial state). Any other tuple is a list of values.
-        default: the initial value when it is allowed (a dropdown option, inside the slider's range);
-            otherwise the first option / the minimum.
+        spec: a list of values (so is any other tuple), a ``(min, max, step)`` tuple, or a bool (its initial state).
+        default: the initial value when it is allowed (else the first option / the minimum).
 
     Example:
         >>> make_control("batch_size", (16, 256, 16), default=64).value
@@ -78,37 +91,18 @@ def make_control(name: str, spec, default=None):
 class ExperimentPanel:
     """Controls for a few `RunConfig` fields, a Run button, a progress bar, a status line and an output area.
 
-    Pressing Run builds ``base.replace(**control values)``, calls ``run(cfg)`` and draws what it
-    returns with ``show`` in the output area. Errors (a `ConfigError` from a bad combination, or
-    anything ``run`` raises) are caught, shown in red in the status line and kept in ``last_error``:
-    ipywidgets would otherwise swallow them silently. A click while a run is in progress is refused.
-
     Args:
-        run: ``run(cfg) -> result`` (e.g. ``labkit.fit`` or a function returning a DataFrame). If it
-            takes a keyword ``on_step``, it receives ``panel.progress_callback`` to move the progress bar.
-        controls: `RunConfig` field -> a list of values (Dropdown), a ``(min, max, step)`` tuple (IntSlider
-            when all ints, else FloatSlider) or a bool (Checkbox, initially that value).
-        base: the `RunConfig` the controls override (default ``RunConfig()``); it also sets the
-            initial dropdown/slider values where they are allowed.
-        options: controls that are not `RunConfig` fields, name -> spec as in ``controls`` (each starts at
-            ``run``'s default for that keyword when the spec offers it); their values
-            go to ``run`` as keyword arguments (e.g. ``{"lr_scaling": [False, "linear", "sqrt"]}``), so
-            ``run`` must accept each name.
+        run: ``run(cfg) -> result`` (e.g. ``labkit.fit`` or a function returning a DataFrame).
+        controls: `RunConfig` field -> a list of values (Dropdown), a ``(min, max, step)`` tuple or a bool.
+        base: the `RunConfig` the controls override (default ``RunConfig()``).
         show: ``show(result)`` draws the result into the output area (default: ``display(result)``).
-            Matplotlib figures it leaves open are displayed and closed after it returns.
         title: a heading above the controls.
-        estimate: ``estimate(cfg) -> text or None``, shown above Run whenever a control changes (default
-            `labkit.estimates.estimate_run`: "about 40 s", from runs already finished on this machine, so
-            a slow choice such as fp16 emulated on a CPU is known before it is pressed); None: no line.
-
-    Attributes:
-        controls (field -> widget), button, progress, status, estimate_line, output, widget (the whole panel);
-        running, last_result (of the last successful run), last_error (of the last run, or None).
+        options: controls that are not `RunConfig` fields, name -> spec as in ``controls``, passed to ``run``.
+        estimate: ``estimate(cfg) -> text or None`` shown above Run (default `estimate_run`); None: no line.
 
     Example:
         >>> panel = ExperimentPanel(labkit.fit, {"precision": ["fp32", "bf16"], "batch_size": (16, 256, 16)},
-        ...                         base=labkit.RunConfig(max_steps=20),
-        ...                         show=lambda res: plots.loss_curve(res))
+        ...                         base=labkit.RunConfig(max_steps=20), show=lambda res: plots.loss_curve(res))
         >>> panel   # last line of the cell: shows the panel
     """
 
@@ -124,6 +118,7 @@ class ExperimentPanel:
             raise ConfigError("base", self.base, "a labkit.RunConfig")
         self.run = run
         self.show = show if show is not None else display
+        # the attributes a notebook may read: controls (field -> widget), the widgets, and the state of the runs
         self.controls = {name: make_control(name, spec, getattr(self.base, name)) for name, spec in controls.items()}
         options = {} if options is None else options
         if not isinstance(options, dict):
@@ -143,12 +138,12 @@ class ExperimentPanel:
         self._estimate_takes_cached = estimate is not None and _accepts_keyword(estimate, "cached")
         self.estimate_line = widgets.HTML(value="")
         self.output = widgets.Output()
-        self.running = False
-        self.last_result = None
-        self.last_error: BaseException | None = None
+        self.running = False  # a run is in progress (a click then is refused)
+        self.last_result = None  # what the last successful run returned
+        self.last_error: BaseException | None = None  # what the last run raised, or None
         self.button.on_click(lambda _button: self.click())
         header = [widgets.HTML(value=f"<h3>{html.escape(title)}</h3>")] if title else []
-        self.widget = widgets.VBox(header + [
+        self.widget = widgets.VBox(header + [  # the whole panel
             widgets.HBox([*self.controls.values(), *self.options.values()],
                          layout=widgets.Layout(flex_flow="row wrap")),
             self.estimate_line,

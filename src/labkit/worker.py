@@ -145,9 +145,11 @@ def main(argv=None) -> int:
 
 
 def run_and_exit(argv=None) -> None:
-    """`main`, then leave at once: torch's C++ threads (gloo, the profiler) can abort the interpreter's own
-    shutdown ("terminate called without an active exception", seen on about one job in twenty here) after
-    the job has finished, which torchrun would report as a crashed rank."""
+    """`main`, then leave at once, so that torchrun does not report a finished job as a crashed rank.
+
+    torch's C++ threads (gloo, the profiler) can abort the interpreter's own shutdown ("terminate called
+    without an active exception", seen on about one job in twenty here) after the job has finished.
+    """
     try:
         code = main(argv)
     except BaseException:  # the error record is written; show the traceback, exit non-zero

@@ -112,7 +112,8 @@ def test_frozen_batchnorm_stays_in_eval_mode_and_its_statistics_do_not_move():
     before = [{k: v.clone() for k, v in bn.state_dict().items()} for bn in frozen + trainable]
     model.train()
     assert model.training and all(not bn.training for bn in frozen) and all(bn.training for bn in trainable)
-    assert all(freezing.is_frozen_batchnorm(bn) for bn in frozen) and not any(map(freezing.is_frozen_batchnorm, trainable))
+    assert all(freezing.is_frozen_batchnorm(bn) for bn in frozen)
+    assert not any(map(freezing.is_frozen_batchnorm, trainable))
     train_steps(model, steps=4)
     after = [bn.state_dict() for bn in frozen + trainable]
     moved = [any(not torch.equal(a[k], b[k]) for k in a) for a, b in zip(before, after, strict=True)]
@@ -199,7 +200,8 @@ def test_a_thawed_parameter_gets_optimizer_state_only_once_it_trains():
     optimizer.zero_grad(set_to_none=True)
     F.cross_entropy(model(x), y).backward()
     optimizer.step()
-    assert len(optimizer.state) == len(list(stage(model, "head").parameters())) + len(list(stage(model, "block3").parameters()))
+    assert len(optimizer.state) == (len(list(stage(model, "head").parameters()))
+                                    + len(list(stage(model, "block3").parameters())))
 
 
 def test_discriminative_groups_decay_the_lr_from_the_head_down():

@@ -100,7 +100,8 @@ def test_targets_match_whole_name_parts_and_all_linear_leaves_the_head():
 def test_add_lora_errors_name_the_value_and_the_linear_layers():
     with pytest.raises(ConfigError, match=r"targets='attn' .*block1\.attn \(Attention\), .*not Linear layers"):
         lora.add_lora(tiny_vit(), 8, 16, ["attn"])
-    with pytest.raises(ConfigError, match=r"rank=200 is not allowed: at most min\(in, out\).*block1\.attn\.qkv \(128 -> 384\)"):
+    with pytest.raises(ConfigError,
+                       match=r"rank=200 is not allowed: at most min\(in, out\).*block1\.attn\.qkv \(128 -> 384\)"):
         lora.add_lora(tiny_vit(), 200, 16, ["qkv"])
     with pytest.raises(ConfigError, match="alpha=-1"):
         lora.add_lora(tiny_vit(), 8, -1, ["qkv"])

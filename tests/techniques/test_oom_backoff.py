@@ -1,4 +1,7 @@
-"""labkit.techniques.oom_backoff: the search, with a faked out-of-memory error (accelerate's test_memory_utils pattern)."""
+"""labkit.techniques.oom_backoff: the search, with a faked out-of-memory error.
+
+This follows accelerate's test_memory_utils pattern.
+"""
 
 
 import pytest
@@ -67,7 +70,8 @@ def test_search_records_measured_peaks_and_frames_them():
                             (25, True, 250)]
     assert search.best == 25
     frame = search.to_frame()
-    assert list(frame.columns) == ["step", "batch_size", "fits", "peak_bytes"] and frame.step.tolist() == [1, 2, 3, 4, 5, 6]
+    assert list(frame.columns) == ["step", "batch_size", "fits", "peak_bytes"]
+    assert frame.step.tolist() == [1, 2, 3, 4, 5, 6]
 
 
 def test_other_errors_propagate():

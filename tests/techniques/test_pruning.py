@@ -157,8 +157,10 @@ def test_prune_channels_makes_a_smaller_model_with_the_same_output_shape(name):
 
 
 def test_removing_channels_that_contribute_nothing_changes_no_output():
-    """Zero the BatchNorm of the channels that will go: the rest of the network sees exactly zeros from them, so the
-    pruned model must compute what the original computes."""
+    """Zero the BatchNorm of the channels that will go: the pruned model must compute what the original computes.
+
+    The rest of the network then sees exactly zeros from those channels.
+    """
     model = seeded()
     with torch.no_grad():
         for chain in pruning.channel_chains(model):

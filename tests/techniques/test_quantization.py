@@ -155,7 +155,8 @@ def test_static_without_calibration_says_what_to_pass(vit):
         Q.quantize(vit, "int8_static")
     with pytest.raises(ConfigError, match=r"calibration=.* a non-empty iterable of input tensors"):
         Q.quantize(vit, "int8_static", [])
-    with pytest.raises(ConfigError, match=r"calibration='list' is not allowed: None: 'int8_dynamic' uses no calibration"):
+    with pytest.raises(ConfigError,
+                       match=r"calibration='list' is not allowed: None: 'int8_dynamic' uses no calibration"):
         Q.quantize(vit, "int8_dynamic", [inputs()])
 
 

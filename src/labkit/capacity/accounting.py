@@ -1,5 +1,30 @@
 """Bytes per parameter: training memory computed for any parameter count (`training_memory`) or exactly for a
-real model (`model_training_memory`): weights, gradients, optimizer state and master weights."""
+real model (`model_training_memory`): weights, gradients, optimizer state and master weights.
+
+The components `training_memory` returns, with their ``total`` (activations are extra and grow with the batch):
+
+- ``weights``: 4 bytes per parameter in fp32, 2 in fp16/bf16.
+- ``gradients``: one per trainable parameter, in the weights' dtype.
+- ``master_weights``: an fp32 copy of the trainable weights when the weights are half precision
+  (``master_weights=None`` means yes for fp16/bf16): the optimizer updates the copy, and the half
+  weights are rounded from it. ``master_weights=False`` is "pure" half-precision training.
+- ``optimizer_state``: AdamW two moments in the dtype of the weights it updates (8 bytes per
+  trainable parameter for fp32 or master weights, 4 for pure half weights); SGD one momentum buffer
+  (none when ``momentum=False``); 8-bit AdamW (``adamw8bit``, ``paged_adamw8bit``) two uint8 moments
+  plus an fp32 absmax per 256-value block for each (2 + 8/256 = 2.03 bytes per parameter) and 2 KiB
+  of shared quantisation maps; tensors with fewer than ``min_8bit_size`` elements keep fp32 moments
+  (8 bytes), which only ``tensor_sizes`` can account for (without it every tensor counts as large).
+  Paged state has the same size; it can be paged out to CPU memory.
+
+Two conventions for "mixed precision": ``torch.autocast`` (what labkit's ``precision="bf16"`` runs)
+keeps the weights, gradients and optimizer state in fp32 and only computes in half precision, so
+describe it here as ``precision="fp32"`` (4 + 4 + 8 = 16 bytes per parameter with AdamW; autocast
+saves activation memory, not these). The classic recipe (Micikevicius et al. 2018) and the ZeRO paper
+keep fp16 weights and gradients plus an fp32 master copy: 2 + 2 + (4 + 8) = 16 bytes per parameter
+(``training_memory(7e9, "bf16", "adamw")``; ZeRO counts the master copy as optimizer state, "12 bytes"):
+the same total, split differently. Not counted: AdamW's per-tensor step counters (4 bytes each) and
+allocator overhead.
+"""
 
 from __future__ import annotations
 
@@ -35,30 +60,7 @@ def training_memory(num_params: int | float, precision: str = "fp32", optimizer:
                     master_weights: bool | None = None, trainable_params: int | float | None = None,
                     tensor_sizes: Iterable[int] | None = None, min_8bit_size: int = MIN_8BIT_SIZE,
                     momentum: bool = True) -> dict:
-    """Bytes of training memory that do not depend on the batch: the standard per-parameter accounting.
-
-    Components (activations are extra and grow with the batch):
-
-    - ``weights``: 4 bytes per parameter in fp32, 2 in fp16/bf16.
-    - ``gradients``: one per trainable parameter, in the weights' dtype.
-    - ``master_weights``: an fp32 copy of the trainable weights when the weights are half precision
-      (``master_weights=None`` means yes for fp16/bf16): the optimizer updates the copy, and the half
-      weights are rounded from it. ``master_weights=False`` is "pure" half-precision training.
-    - ``optimizer_state``: AdamW two moments in the dtype of the weights it updates (8 bytes per
-      trainable parameter for fp32 or master weights, 4 for pure half weights); SGD one momentum buffer
-      (none when ``momentum=False``); 8-bit AdamW (``adamw8bit``, ``paged_adamw8bit``) two uint8 moments
-      plus an fp32 absmax per 256-value block for each (2 + 8/256 = 2.03 bytes per parameter) and 2 KiB
-      of shared quantisation maps; tensors with fewer than ``min_8bit_size`` elements keep fp32 moments
-      (8 bytes), which only ``tensor_sizes`` can account for (without it every tensor counts as large).
-      Paged state has the same size; it can be paged out to CPU memory.
-
-    Two conventions for "mixed precision": ``torch.autocast`` (what labkit's ``precision="bf16"`` runs)
-    keeps the weights, gradients and optimizer state in fp32 and only computes in half precision, so
-    describe it here as ``precision="fp32"`` (4 + 4 + 8 = 16 bytes per parameter with AdamW; autocast
-    saves activation memory, not these). The classic recipe (Micikevicius et al. 2018) and the ZeRO paper
-    keep fp16 weights and gradients plus an fp32 master copy: 2 + 2 + (4 + 8) = 16 bytes per parameter
-    (ZeRO counts the master copy as optimizer state, "12 bytes"): the same total, split differently.
-    Not counted: AdamW's per-tensor step counters (4 bytes each) and allocator overhead.
+    """Training memory that does not depend on the batch, in bytes per component (see the module docstring).
 
     Args:
         num_params: the model's parameters (a count; 7e9 is fine).
@@ -70,13 +72,9 @@ def training_memory(num_params: int | float, precision: str = "fp32", optimizer:
         min_8bit_size: bitsandbytes' threshold (default 4096).
         momentum: SGD keeps a momentum buffer (labkit's default momentum is 0.9).
 
-    Returns:
-        A dict of bytes: ``weights``, ``gradients``, ``optimizer_state``, ``master_weights``, ``total``.
-
     Example:
         >>> training_memory(7e9, optimizer="adamw")["total"] / 1e9   # fp32 + AdamW: 16 bytes/param
         112.0
-        >>> training_memory(7e9, "bf16", "adamw")                   # 2 + 2 + 8 + 4 = 16 bytes/param
     """
     if not is_number(num_params) or num_params <= 0:
         raise ConfigError("num_params", num_params, "a number of parameters > 0 (e.g. 7e9)")
@@ -103,7 +101,8 @@ def training_memory(num_params: int | float, precision: str = "fp32", optimizer:
     if tensor_sizes is not None:
         sizes = list(tensor_sizes)
         if not all(is_int(n) and n >= 0 for n in sizes) or sum(sizes) != trainable:
-            raise ConfigError("tensor_sizes", f"{len(sizes)} sizes summing to {sum(sizes) if all(map(is_int, sizes)) else '?'}",
+            summed = sum(sizes) if all(map(is_int, sizes)) else "?"
+            raise ConfigError("tensor_sizes", f"{len(sizes)} sizes summing to {summed}",
                               f"element counts (integers >= 0) of the trainable tensors, summing to {trainable:g}")
     half = WEIGHT_BYTES[precision] == 2
     master = half if master_weights is None else master_weights

@@ -1,5 +1,13 @@
 """Memory is about ``fixed + bytes_per_sample * batch_size``: measure it (`memory_model`), fit it
-(`fit_linear_memory`), predict it (`estimate_memory`)."""
+(`fit_linear_memory`), predict it (`estimate_memory`).
+
+Which moment of the step is the peak depends on the batch size: with a few samples it is the
+optimizer step (parameters + gradients + optimizer state + its temporaries), with many it is the
+start of the backward pass, when all activations are alive. A line through two small sizes therefore
+predicts large batches badly. By default `memory_model` measures the smallest valid batch and micro-batches of
+16, 32, 64, ... samples (times ``grad_accum``) until the growth per sample of two successive pairs
+agrees within 0.5 % (at most 512 per micro-batch), and fits the line through the last two.
+"""
 
 from __future__ import annotations
 
@@ -127,13 +135,6 @@ def _slopes_agree(steps: list[StepMemory]) -> bool:
 
 def memory_model(cfg: RunConfig, batch_sizes: Iterable[int] | None = None) -> MemoryModel:
     """Measure training steps of ``cfg`` at a few batch sizes and fit memory per category against the size.
-
-    Which moment of the step is the peak depends on the batch size: with a few samples it is the
-    optimizer step (parameters + gradients + optimizer state + its temporaries), with many it is the
-    start of the backward pass, when all activations are alive. A line through two small sizes therefore
-    predicts large batches badly. By default this measures the smallest valid batch and micro-batches of
-    16, 32, 64, ... samples (times ``grad_accum``) until the growth per sample of two successive pairs
-    agrees within 0.5 % (at most 512 per micro-batch), and fits the line through the last two.
 
     Args:
         cfg: the run (model, precision, optimizer, grad_accum; its batch_size is ignored).

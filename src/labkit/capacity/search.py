@@ -1,5 +1,13 @@
 """The largest batch whose training step fits in a memory budget (`batch_search`, `find_max_batch_size`), or on
-a GPU without a budget does not run out of memory, with the back-off of `labkit.techniques.oom_backoff`."""
+a GPU without a budget does not run out of memory, with the back-off of `labkit.techniques.oom_backoff`.
+
+With ``budget_bytes`` (required on a CPU) a batch fits when the measured peak memory of one full
+training step (forward, backward, optimizer step with its state; ``cfg``'s precision, optimizer and
+``grad_accum``) is at most the budget. On CUDA without a budget a batch fits when the real step does
+not run out of memory. Sizes are multiples of ``cfg.grad_accum`` (the search runs over micro-batch
+sizes), at least 2 per micro-batch for models with BatchNorm. All probes share one model; inputs are
+synthetic, so the result is not bounded by the training set's size.
+"""
 
 from __future__ import annotations
 
@@ -16,21 +24,13 @@ from .steps import _StepProbe
 
 def batch_search(cfg: RunConfig, budget_bytes: float | None = None, start: int | None = None,
                  limit: int | None = None) -> BatchSearch:
-    """Find the largest batch size whose training step fits, and keep every size tried.
-
-    With ``budget_bytes`` (required on a CPU) a batch fits when the measured peak memory of one full
-    training step (forward, backward, optimizer step with its state; ``cfg``'s precision, optimizer and
-    ``grad_accum``) is at most the budget. On CUDA without a budget a batch fits when the real step does
-    not run out of memory. Sizes are multiples of ``cfg.grad_accum`` (the search runs over micro-batch
-    sizes), at least 2 per micro-batch for models with BatchNorm. All probes share one model; inputs are
-    synthetic, so the result is not bounded by the training set's size.
+    """Find the largest batch size whose training step fits (see the module docstring), keeping every size tried.
 
     Args:
         cfg: the run to size.
         budget_bytes: the memory to stay within, in bytes (e.g. ``256 * 2**20``); None on CUDA: the GPU's.
         start: the first size tried (default ``cfg.batch_size``); sizes double from there, then bisect.
-        limit: the largest size tried (default 65,536 = ``DEFAULT_LIMIT``); a result equal to it means
-            larger batches may fit too.
+        limit: the largest size tried (default 65,536 = ``DEFAULT_LIMIT``); a result equal to it: more may fit.
 
     Returns:
         A `BatchSearch`: ``best``, and ``tried`` (``to_frame()`` for a table of sizes and measured peaks).
@@ -105,9 +105,9 @@ def find_max_batch_size(cfg: RunConfig, budget_bytes: float | None = None, start
 
     Args:
         cfg: the run to size (model, precision, optimizer, grad_accum).
-        budget_bytes: memory to stay within, in bytes; None on CUDA: as large as runs without an
-            out-of-memory error.
-        start: first size tried (default ``cfg.batch_size``); limit: largest (default 65,536).
+        budget_bytes: memory to stay within, in bytes; None on CUDA: as large as runs without an out-of-memory error.
+        start: first size tried (default ``cfg.batch_size``).
+        limit: largest size tried (default 65,536).
 
     Example:
         >>> labkit.find_max_batch_size(labkit.RunConfig(device="cpu"), budget_bytes=256 * 2**20)

@@ -13,12 +13,12 @@ from ..result import MEMORY_CATEGORIES
 
 @torch.no_grad()
 def inference_peak_bytes(model: torch.nn.Module, inputs: torch.Tensor) -> int:
-    """Peak memory of one no-grad forward of ``model(inputs)`` in eval mode: the model's parameters and buffers
-    plus the most the forward allocated at once (activations, temporaries; the input is not counted).
+    """Peak memory of one no-grad forward of ``model(inputs)`` in eval mode, its parameters and buffers included.
 
-    CUDA: ``max_memory_allocated`` over the forward, above what was allocated before it. CPU: torch's
-    MemTracker counts the live tensors. Pruning masks count (they are buffers), and so do the weights a
-    pruning hook recomputes in every forward.
+    That is the model's parameters and buffers plus the most the forward allocated at once (activations,
+    temporaries; the input is not counted). CUDA: ``max_memory_allocated`` over the forward, above what was
+    allocated before it. CPU: torch's MemTracker counts the live tensors. Pruning masks count (they are
+    buffers), and so do the weights a pruning hook recomputes in every forward.
 
     Example:
         >>> inference_peak_bytes(model, torch.randn(64, 3, 32, 32)) / 2**20

@@ -179,7 +179,8 @@ class TimingPitfalls:
                              "time_s": [self.first_call_s, self.warm_median_s, self.unsynced_median_s]})
 
 
-def timing_pitfalls(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 10) -> TimingPitfalls:
+def timing_pitfalls(fn: Callable[[], object], device: torch.device, warmup: int = 3,
+                    repeats: int = 10) -> TimingPitfalls:
     """Time ``fn`` cold, warm+synchronised and warm+unsynchronised (host clock only).
 
     Example:

@@ -1,4 +1,9 @@
-"""Bar charts: `bar` (a metric by category, live beside reference rows) and `bars` (several metrics side by side)."""
+"""Bar charts: `bar` (a metric by category, live beside reference rows) and `bars` (several metrics side by side).
+
+`bar` skips rows with an ``error`` (failed runs) or no value of ``y`` and counts them in the title. Several rows
+for the same (x, hue, source) are reduced to their median. Reference rows are drawn hatched next to the live
+bars, in the same colour for the same hue value.
+"""
 
 from __future__ import annotations
 
@@ -12,27 +17,20 @@ from .frames import _fmt_value, _series
 
 def bar(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.DataFrame | None = None,
         ax=None, title: str | None = None, logy: bool = False):
-    """Grouped bars of metric ``y`` for each value of ``x``, one bar per ``hue`` value in each group.
-
-    Rows with an ``error`` (failed runs) or no value of ``y`` are skipped and counted in the title.
-    Several rows for the same (x, hue, source) are reduced to their median.
+    """Grouped bars of metric ``y`` for each value of ``x``, one bar per ``hue`` value in each group; returns the Axes.
 
     Args:
         df: one row per run, e.g. from ``labkit.sweep``.
         x: the categorical column along the axis (e.g. ``"precision"``).
         y: the metric column (e.g. ``"step_time_s"``); shown in display units (ms, MiB, %, ...).
         hue: a column splitting each group into bars (e.g. ``"batch_size"``), or None.
-        reference: results in the same shape measured elsewhere (e.g. ``labkit.load_reference(...)``),
-            drawn hatched next to the live bars, in the same colour for the same hue value.
-        ax: the Axes to draw on (default: a new figure). title: overrides the default title.
+        reference: rows of the same shape measured elsewhere (``labkit.load_reference``), drawn hatched.
+        ax: the Axes to draw on (default: a new figure).
+        title: overrides the default title.
         logy: a logarithmic y axis (for values that span orders of magnitude).
 
-    Returns:
-        The matplotlib Axes.
-
     Example:
-        >>> ax = plots.bar(df, x="precision", y="step_time_s", hue="batch_size",
-        ...                reference=labkit.load_reference("01_mixed_precision"))
+        >>> ax = plots.bar(df, x="precision", y="step_time_s", reference=labkit.load_reference("01_mixed_precision"))
     """
     series, x_values, notes = _series(df, reference, x, y, hue, numeric_x=False)
     ax = _axes(ax)
@@ -61,8 +59,10 @@ def bar(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.
 
 
 def bars(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.DataFrame | None = None):
-    """One `bar` chart per metric in ``ys``, side by side in one figure. ``reference`` rows are drawn in the charts of
-    the metrics they have (a published speed-up has no memory figure).
+    """One `bar` chart per metric in ``ys``, side by side in one figure.
+
+    ``reference`` rows are drawn in the charts of the metrics they have (a published speed-up has no memory
+    figure).
 
     Example:
         >>> axes = plots.bars(df, x="setup", ys=["step_time_s", "peak_memory_bytes", "accuracy"], reference=ref)

@@ -77,9 +77,11 @@ def grid(count: int, per_row: int = 2):
 
 
 def category_ticks(ax, labels: list[str]) -> None:
-    """Put ``labels`` under ticks 0..n-1 so that none runs into its neighbour or off the figure: a label
-    wider than its slot (measured as drawn) is wrapped at spaces onto up to `MAX_TICK_LINES` lines, and
-    when even that does not fit, the labels stand vertically."""
+    """Put ``labels`` under ticks 0..n-1 so that none runs into its neighbour or off the figure.
+
+    A label wider than its slot (measured as drawn) is wrapped at spaces onto up to `MAX_TICK_LINES` lines, and
+    when even that does not fit, the labels stand vertically.
+    """
     labels = [str(label) for label in labels]
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels)

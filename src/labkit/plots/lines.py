@@ -1,4 +1,10 @@
-"""Line charts: `line` and `lines` (a metric against a numeric column), `loss_curve` and `loss_scale`."""
+"""Line charts: `line` and `lines` (a metric against a numeric column), `loss_curve` and `loss_scale`.
+
+`line` skips rows with an ``error`` or no value and counts them in the title; duplicates are reduced to their
+median. In `loss_curve` the smoothed line (a trailing moving average over about a tenth of the run) carries the
+label; runs with fewer than 10 steps get the raw line only. Runs without losses are skipped and counted in the
+title.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +21,10 @@ from .frames import _check_frame, _fmt_value, _get, _moving_average, _series, la
 
 def lines(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.DataFrame | None = None,
           logx: bool = False, logy=()):
-    """One `line` chart per metric in ``ys``, two to a row (so that the text stays readable); the metrics in
-    ``logy`` get a logarithmic y axis (values that span orders of magnitude, such as parameter counts).
+    """One `line` chart per metric in ``ys``, two to a row (so that the text stays readable).
+
+    The metrics in ``logy`` get a logarithmic y axis (values that span orders of magnitude, such as parameter
+    counts).
 
     Example:
         >>> axes = plots.lines(df, x="batch_size", ys=["epoch_time_s", "peak_memory_bytes"], logx=True)
@@ -36,22 +44,18 @@ def lines(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.Da
 
 def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd.DataFrame | None = None,
          ax=None, title: str | None = None, logx: bool = False, logy: bool = False):
-    """Metric ``y`` against a numeric column ``x`` (e.g. batch size), one line per ``hue`` value.
-
-    Rows with an ``error`` or no value are skipped and counted in the title; duplicates are reduced
-    to their median.
+    """Metric ``y`` against a numeric column ``x`` (e.g. batch size), one line per ``hue`` value; returns the Axes.
 
     Args:
         df: one row per run, e.g. from ``labkit.sweep``.
-        x: a numeric column (e.g. ``"batch_size"``). y: the metric column (e.g. ``"throughput"``).
+        x: a numeric column (e.g. ``"batch_size"``).
+        y: the metric column (e.g. ``"throughput"``).
         hue: a column giving one line per value (e.g. ``"precision"``), or None.
         reference: results in the same shape measured elsewhere, drawn dashed in the same colours.
-        ax: the Axes to draw on (default: a new figure). title: overrides the default title.
+        ax: the Axes to draw on (default: a new figure).
+        title: overrides the default title.
         logx: logarithmic x axis (base 2 when every x is a power of two, as batch sizes usually are).
         logy: logarithmic y axis.
-
-    Returns:
-        The matplotlib Axes.
 
     Example:
         >>> ax = plots.line(df, x="batch_size", y="throughput", hue="precision", logx=True)
@@ -85,13 +89,8 @@ def line(df: pd.DataFrame, x: str, y: str, hue: str | None = None, reference: pd
 def loss_curve(results, ax=None):
     """Training loss per optimizer step of one or more runs, each with a lighter raw line and a smoothed one.
 
-    The smoothed line (a trailing moving average over about a tenth of the run) carries the label;
-    runs with fewer than 10 steps get the raw line only. Runs without losses are skipped and
-    counted in the title.
-
     Args:
-        results: a `RunResult`, a list of them (labelled by the config fields that differ) or a dict
-            label -> `RunResult`.
+        results: a `RunResult`, a list of them (labelled by the config fields that vary) or a dict label -> `RunResult`.
         ax: the Axes to draw on (default: a new figure).
 
     Returns:

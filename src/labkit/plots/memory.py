@@ -1,4 +1,11 @@
-"""`memory_breakdown`: each run's memory by category, stacked, with the total peak marked."""
+"""`memory_breakdown`: each run's memory by category, stacked, with the total peak marked.
+
+Each segment is that category's own peak (``RunResult.memory``), in the order of
+``labkit.result.MEMORY_CATEGORIES``. The categories need not peak at the same moment, so the
+stack can stand above the total-peak marker (``peak_memory_bytes``). Runs with an error or no
+memory breakdown are skipped and counted in the title. A list of runs is labelled by the config fields that
+differ; a results DataFrame may come from ``labkit.sweep`` or ``results.to_frame``.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +22,8 @@ from .frames import _frame_rows, _get, label_runs
 def memory_breakdown(results, ax=None, label: str | None = None):
     """Stacked bars of each run's memory by category (in KiB..GiB, whichever suits), with the total peak marked.
 
-    Each segment is that category's own peak (``RunResult.memory``), in the order of
-    ``labkit.result.MEMORY_CATEGORIES``. The categories need not peak at the same moment, so the
-    stack can stand above the total-peak marker (``peak_memory_bytes``). Runs with an error or no
-    memory breakdown are skipped and counted in the title.
-
     Args:
-        results: a `RunResult`, a list of them (labelled by the config fields that differ), a dict
-            label -> `RunResult`, or a results DataFrame (``labkit.sweep``, ``results.to_frame``).
+        results: a `RunResult`, a list of them, a dict label -> `RunResult`, or a results DataFrame.
         ax: the Axes to draw on (default: a new figure).
         label: with a DataFrame, the column that names each bar (default: the config fields that differ).
 

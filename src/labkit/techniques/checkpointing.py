@@ -2,8 +2,11 @@
 
 A model's blocks run in checkpointed segments under ``torch.utils.checkpoint.checkpoint(...,
 use_reentrant=False)``: each segment keeps only its input, and its activations are recomputed in the
-backward pass. BatchNorm running statistics are kept exact (torch alone would update them twice per
-step). Notebook 03's measurements of what it saves and costs are in `labkit.labs.memory_savers`.
+backward pass. Losses, gradients and BatchNorm running statistics equal the un-checkpointed model's (the
+recomputation updates scratch copies of the statistics; torch alone would update them twice per step). Without
+gradients (evaluation under ``torch.no_grad``) the model runs as usual. The module structure and the state_dict
+do not change; ``apply_checkpointing(model, False)`` restores the plain forward. Notebook 03's measurements of
+what it saves and costs are in `labkit.labs.memory_savers`.
 """
 
 from __future__ import annotations
@@ -126,8 +129,9 @@ def checkpoint_segments(model: nn.Module | str, checkpointing: bool | int) -> li
         name = model if isinstance(model, str) else type(models.unwrap(model)).__name__
         raise ConfigError(
             "checkpointing", checkpointing,
-            f"False for a {name}: labkit splits only the models of labkit.models.build ({', '.join(models.available())}) "
-            "into blocks", "For a model of your own, call torch.utils.checkpoint.checkpoint(block, x, "
+            f"False for a {name}: labkit splits only the models of labkit.models.build "
+            f"({', '.join(models.available())}) into blocks",
+            "For a model of your own, call torch.utils.checkpoint.checkpoint(block, x, "
             "use_reentrant=False) on its blocks in its forward",
         ) from exc
     n = len(names)
@@ -151,17 +155,9 @@ def checkpoint_segments(model: nn.Module | str, checkpointing: bool | int) -> li
 def apply_checkpointing(model: nn.Module, checkpointing: bool | int) -> nn.Module:
     """Run ``model``'s blocks in checkpointed segments (in place); what ``RunConfig(checkpointing=...)`` does.
 
-    Each segment runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: only its
-    input is kept, and its activations are recomputed in the backward pass. Losses, gradients and
-    BatchNorm running statistics equal the un-checkpointed model's (the recomputation updates scratch
-    copies of the statistics; torch alone would update them twice per step). Without gradients (evaluation
-    under ``torch.no_grad``) the model runs as usual. The module structure and the state_dict do not
-    change; ``checkpointing=False`` restores the plain forward.
-
     Args:
         model: a model from `labkit.models.build` (DDP/compile wrappers are looked through).
-        checkpointing: False, True (every block its own segment) or the number of segments (see
-            `checkpoint_segments`).
+        checkpointing: False, True (every block its own segment) or the number of segments (`checkpoint_segments`).
 
     Returns:
         ``model``, with ``model.labkit_checkpoint_segments`` listing the segments' block names.

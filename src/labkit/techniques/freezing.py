@@ -32,6 +32,13 @@ few parameters; late stages hold task-specific features and most parameters.
 - `discriminative_param_groups`: optimizer parameter groups with a learning rate per stage.
 - `cache_features`: with the whole body frozen, compute its output once and train the head on it.
 
+`freeze` keeps the stages frozen before frozen (use `unfreeze` to thaw). Build the optimizer afterwards over
+the parameters that still require a gradient (labkit's `labkit.techniques.optimizers.build_optimizer` does), or
+over all of them: a parameter without a gradient gets no update and no state either. Its
+``batchnorm_eval=False`` freezes the parameters only, as ``requires_grad_(False)`` alone does: the layers then
+normalise each batch with its own statistics and their running statistics keep moving (notebook 05 shows what
+that does).
+
 Notebook 05's measurements of what freezing saves and costs are in `labkit.labs.freezing`.
 """
 
@@ -63,8 +70,7 @@ def frozen_stages(model_or_name: nn.Module | str, level) -> list[str]:
 
     Args:
         model_or_name: a model from `labkit.models.build` (wrappers are removed) or a model name.
-        level: ``None``/``"none"`` (nothing), ``"light"``, ``"medium"``, ``"heavy"``, ``"head_only"``, or
-            a list of stage names (e.g. ``["stem", "block1"]``), which is returned in forward order.
+        level: ``None``/``"none"``, ``"light"``, ``"medium"``, ``"heavy"``, ``"head_only"``, or a list of stage names.
 
     Example:
         >>> frozen_stages("resnet18", "heavy")
@@ -121,20 +127,10 @@ def _batchnorms(module: nn.Module) -> list[nn.Module]:
 def freeze(model: nn.Module, level, batchnorm_eval: bool = True) -> nn.Module:
     """Freeze the stages ``level`` names: no gradient, hence no optimizer state, and BatchNorm in eval mode.
 
-    Stages frozen before stay frozen (use `unfreeze` to thaw). Build the optimizer afterwards over the
-    parameters that still require a gradient (labkit's `labkit.techniques.optimizers.build_optimizer`
-    does), or over all of them: a parameter without a gradient gets no update and no state either.
-
     Args:
-        model: a model from `labkit.models.build` (a wrapped one is unwrapped); changed in place.
+        model: a model from `labkit.models.build` (a wrapped one is unwrapped); changed in place and returned.
         level: a level from `LEVELS` or a list of stage names (see `frozen_stages`).
-        batchnorm_eval: keep the frozen stages' BatchNorm layers in eval mode under ``model.train()``
-            (True, the right thing). False freezes the parameters only, as ``requires_grad_(False)`` alone
-            does: the layers then normalise each batch with its own statistics and their running statistics
-            keep moving (notebook 05 shows what that does).
-
-    Returns:
-        ``model``.
+        batchnorm_eval: keep the frozen BatchNorm layers in eval mode under ``model.train()`` (True, the right thing).
 
     Raises:
         ConfigError: an unknown level or stage, or a choice that leaves no parameter to train.
@@ -193,10 +189,10 @@ def frozen_stage_names(model: nn.Module) -> list[str]:
 
 
 def gradual_unfreeze(model: nn.Module, step: int, every: int) -> list[str]:
-    """Gradual unfreezing (Howard & Ruder 2018, ULMFiT): at optimizer step ``step`` (0-based), the last
-    ``step // every`` body stages train, unfrozen from the top down, one stage every ``every`` steps.
+    """Gradual unfreezing (Howard & Ruder 2018, ULMFiT): one more body stage trains every ``every`` steps.
 
-    Call it before each step of a model frozen at ``head_only``; build the optimizer over **all**
+    At optimizer step ``step`` (0-based) the last ``step // every`` body stages train, unfrozen from the top
+    down. Call it before each step of a model frozen at ``head_only``; build the optimizer over **all**
     parameters once, at the start: a frozen parameter has no gradient, so AdamW skips it and keeps no state
     for it until it thaws. Stages are only ever unfrozen here, never frozen again.
 
@@ -221,8 +217,7 @@ def gradual_unfreeze(model: nn.Module, step: int, every: int) -> list[str]:
 
 def discriminative_param_groups(model: nn.Module, lr: float, decay: float = 1 / 2.6,
                                 trainable_only: bool = True) -> list[dict]:
-    """Optimizer parameter groups with one learning rate per stage: ``lr`` for the head, ``lr * decay`` for
-    the stage before it, ``lr * decay**2`` for the one before that, and so on down to the stem.
+    """Optimizer parameter groups, one per stage: ``lr`` for the head, ``lr * decay**k`` for the k-th stage before it.
 
     Discriminative learning rates (Howard & Ruder 2018 use ``decay = 1/2.6``): early stages, whose generic
     features need little change, move slowly; the new head moves at the full rate. Each group carries its
@@ -230,9 +225,9 @@ def discriminative_param_groups(model: nn.Module, lr: float, decay: float = 1 / 
 
     Args:
         model: a model from `labkit.models.build`.
-        lr: the head's learning rate. decay: the factor per stage towards the stem, in (0, 1].
-        trainable_only: leave out parameters that do not require a gradient (and stages left empty);
-            False keeps them, for an optimizer that must cover stages a `gradual_unfreeze` thaws later.
+        lr: the head's learning rate.
+        decay: the factor per stage towards the stem, in (0, 1].
+        trainable_only: leave out parameters that need no gradient (False: keep them for a `gradual_unfreeze`).
 
     Example:
         >>> torch.optim.AdamW(discriminative_param_groups(model, lr=1e-3, decay=0.5))
@@ -255,9 +250,9 @@ def discriminative_param_groups(model: nn.Module, lr: float, decay: float = 1 / 
 
 @torch.no_grad()
 def cache_features(model: nn.Module, inputs: Iterable[torch.Tensor]) -> torch.Tensor:
-    """The frozen body's output for each batch of model ``inputs``, concatenated along the batch: computed
-    once, so that the head can train on it for any number of epochs (`labkit.models.forward_head`).
+    """The frozen body's output for each batch of model ``inputs``, concatenated along the batch.
 
+    Computed once, so that the head can train on it for any number of epochs (`labkit.models.forward_head`).
     The body must be frozen with its BatchNorm layers in eval mode (``freeze(model, "head_only")``):
     then it computes the same features every epoch, and training the head on the cache is the same
     training as through the whole network.

@@ -16,7 +16,10 @@ frozen and learns that change as a product of two thin matrices, ``ΔW = (alpha 
 
 - `LoRALinear`: one adapted Linear (any ``nn.Linear``, bitsandbytes' 4-bit ``Linear4bit`` included: QLoRA).
 - `add_lora`: adapt every Linear whose qualified name ends with one of ``targets``; freeze everything else
-  but a labkit model's head.
+  but a labkit model's head. It works on any ``nn.Module`` (labkit's models, transformers models). After it,
+  the parameters that train are the adapters (names contain ``lora_``) and, for a model from
+  ``labkit.models.build``, its head (a new task's classifier has to learn from scratch); everything else has
+  ``requires_grad=False``.
 - `lora_layers`, `merge_lora`, `unmerge_lora`, `merge_and_unload`, `lora_state_dict`, `linear_names`,
   `matching_linears`, `adapter_numel`: inspect, merge, save.
 
@@ -47,13 +50,11 @@ class LoRALinear(nn.Module):
     """A frozen Linear layer plus a trainable low-rank update: ``base(x) + (alpha / rank) * B A dropout(x)``.
 
     Args:
-        base: the Linear layer to adapt (``nn.Linear`` or a subclass, such as bitsandbytes' ``Linear4bit``);
-            its weight and bias are frozen (``requires_grad=False``).
+        base: the Linear layer to adapt (an ``nn.Linear``, e.g. ``Linear4bit``); its weight and bias are frozen.
         rank: the inner size of the update, 1 to ``min(in_features, out_features)``.
         alpha: the update is scaled by ``alpha / rank``.
         dropout: dropout on the LoRA path's input (the frozen path sees the input unchanged).
-        dtype: the adapters' dtype; by default the base weight's, or float32 for a quantized base (QLoRA
-            keeps the adapters in 16 or 32 bits over a 4-bit base).
+        dtype: the adapters' dtype; by default the base weight's, or float32 over a quantized base (as QLoRA does).
 
     Example:
         >>> layer = LoRALinear(nn.Linear(128, 384), rank=8, alpha=16)
@@ -65,7 +66,8 @@ class LoRALinear(nn.Module):
                  dtype: torch.dtype | None = None):
         super().__init__()
         if not isinstance(base, nn.Linear):
-            raise ConfigError("base", type(base).__name__, "an nn.Linear (or a subclass such as bitsandbytes' Linear4bit)")
+            raise ConfigError("base", type(base).__name__,
+                              "an nn.Linear (or a subclass such as bitsandbytes' Linear4bit)")
         check_lora(rank, alpha, dropout, ALL_LINEAR)
         in_features, out_features = base.in_features, base.out_features
         if rank > min(in_features, out_features):
@@ -109,7 +111,8 @@ class LoRALinear(nn.Module):
         if not _is_float_weight(self.base.weight):
             raise UnsupportedError(action, type(self.base).__name__,
                                    f"the base weight is stored as {self.base.weight.dtype} "
-                                   f"({type(self.base.weight).__name__}), not a float tensor the update can be added to",
+                                   f"({type(self.base.weight).__name__}), "
+                                   "not a float tensor the update can be added to",
                                    "keep the adapters unmerged (QLoRA does), or dequantize the base first")
 
     @torch.no_grad()
@@ -174,9 +177,10 @@ def _labkit_head(model: nn.Module) -> nn.Module | None:
 
 
 def matching_linears(model: nn.Module, targets) -> list[str]:
-    """The Linear layers ``targets`` names: each qualified name equal to a target or ending with ``.target``;
-    ``"all-linear"`` names every Linear but the output layer (a labkit model's head, a transformers model's
-    classifier or output embeddings). Raises `ConfigError` for a target that names no Linear layer.
+    """The Linear layers ``targets`` names; raises `ConfigError` for a target that names no Linear layer.
+
+    Each qualified name equal to a target or ending with ``.target``; ``"all-linear"`` names every Linear but
+    the output layer (a labkit model's head, a transformers model's classifier or output embeddings).
 
     Example:
         >>> matching_linears(tiny_vit, ["qkv"])
@@ -221,16 +225,11 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets, dropout: float 
              dtype: torch.dtype | None = None) -> nn.Module:
     """Replace each Linear that ``targets`` names by a `LoRALinear` and freeze the rest but a labkit model's head.
 
-    Works on any ``nn.Module`` (labkit's models, transformers models). After it, the parameters that train
-    are the adapters (names contain ``lora_``) and, for a model from ``labkit.models.build``, its head (a new
-    task's classifier has to learn from scratch); everything else has ``requires_grad=False``.
-
     Args:
         model: changed in place and returned.
         rank: the adapters' inner size, 1 to the smallest ``min(in, out)`` of the chosen layers.
         alpha: the update is scaled by ``alpha / rank``.
-        targets: layer-name suffixes (``["qkv"]``, ``["query", "value"]``) matched on whole name parts, or
-            ``"all-linear"`` (every Linear but the output layer); see `matching_linears`.
+        targets: name suffixes (``["qkv"]``) matched on whole name parts, or ``"all-linear"``; see `matching_linears`.
         dropout: dropout on the LoRA path.
         dtype: the adapters' dtype (default: each base weight's; float32 over a quantized base).
 
@@ -248,7 +247,8 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets, dropout: float 
     too_small = [f"{n} ({modules[n].in_features} -> {modules[n].out_features})" for n in names
                  if rank > min(modules[n].in_features, modules[n].out_features)]
     if too_small:
-        raise ConfigError("rank", rank, f"at most min(in, out) of every chosen layer; too small for {_shorten(too_small, 4)}")
+        raise ConfigError("rank", rank,
+                          f"at most min(in, out) of every chosen layer; too small for {_shorten(too_small, 4)}")
     for p in model.parameters():
         p.requires_grad_(False)
     head = _labkit_head(models.unwrap(model))

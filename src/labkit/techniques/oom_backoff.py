@@ -3,6 +3,12 @@ out-of-memory error free the memory and try a smaller one; double, then bisect t
 
 `search_batch_size` takes any ``fits(size)`` function; `labkit.capacity.batch_search` gives it one
 that runs a real training step (the idea of accelerate's ``find_executable_batch_size``).
+
+The search doubles from ``start`` until a size fails or ``limit`` is reached (``limit`` itself is tried), then
+bisects between the last size that fit and the first that failed to the exact largest one. If ``start`` fails,
+it bisects between ``minimum - 1`` and ``start``. It assumes that a size fits when any larger one does (memory
+grows with the batch). An out-of-memory error from ``fits`` (see `is_out_of_memory`) counts as "does not fit":
+memory is freed and the search backs off. Any other error propagates.
 """
 
 from __future__ import annotations
@@ -63,8 +69,11 @@ class BatchSearch:
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """True for an out-of-memory error: ``torch.OutOfMemoryError``, a RuntimeError saying "out of memory"
-    (older CUDA builds) or "can't allocate memory" (the CPU allocator), or a ``MemoryError``."""
+    """True for an out-of-memory error, whether torch's, a CPU allocator's or Python's.
+
+    That is ``torch.OutOfMemoryError``, a RuntimeError saying "out of memory" (older CUDA builds) or "can't
+    allocate memory" (the CPU allocator), or a ``MemoryError``.
+    """
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     message = str(exc).lower()
@@ -99,16 +108,8 @@ def search_batch_size(fits: Callable[[int], object], start: int = 1, limit: int 
                       minimum: int = 1) -> BatchSearch:
     """The largest integer size in ``[minimum, limit]`` for which ``fits(size)`` holds: double, then bisect.
 
-    Doubles from ``start`` until a size fails or ``limit`` is reached (``limit`` itself is tried), then
-    bisects between the last size that fit and the first that failed to the exact largest one. If
-    ``start`` fails, bisects between ``minimum - 1`` and ``start``. Assumes that a size fits when any
-    larger one does (memory grows with the batch). An out-of-memory error from ``fits`` (see
-    `is_out_of_memory`) counts as "does not fit": memory is freed and the search backs off. Any
-    other error propagates.
-
     Args:
-        fits: ``fits(size)`` returns True/False, or a ``(fits, peak_bytes)`` pair, or raises an
-            out-of-memory error.
+        fits: ``fits(size)`` returns True/False or a ``(fits, peak_bytes)`` pair, or raises an out-of-memory error.
         start: the first size tried.
         limit: the largest size tried.
         minimum: the smallest size allowed (e.g. 2 for BatchNorm); smaller sizes are never tried.

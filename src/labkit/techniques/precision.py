@@ -19,9 +19,11 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 @dataclass(frozen=True)
 class Precision:
-    """What a run will use. ``requested`` is the config value, ``name`` what it resolved to; ``emulated``:
-    the device has no arithmetic for it (fp16/bf16 on a CPU without the instructions, bf16 before
-    Ampere), so it runs by conversion, many times slower."""
+    """What a run will use: ``requested`` is the config value, ``name`` what it resolved to.
+
+    ``emulated``: the device has no arithmetic for it (fp16/bf16 on a CPU without the instructions, bf16 before
+    Ampere), so it runs by conversion, many times slower.
+    """
 
     requested: str
     name: str
@@ -99,9 +101,9 @@ def grad_scaler(precision: Precision, device: torch.device) -> torch.amp.GradSca
 
 
 def low_precision_for(env: dict) -> str:
-    """The low precision worth using on this machine: bf16 where it is native, else fp16 on tensor-core
-    GPUs, else bf16 (on a CPU it is what autocast supports best; a P100 gets fp16, which at least halves
-    activations).
+    """The low precision worth using on this machine: bf16 where native, else fp16 on tensor-core GPUs, else bf16.
+
+    On a CPU bf16 is what autocast supports best; a P100 gets fp16, which at least halves activations.
 
     Example:
         >>> low_precision_for(labkit.env_report())

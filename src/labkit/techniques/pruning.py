@@ -16,6 +16,19 @@
 
 Zeros stored densely change nothing about memory or speed: only structured pruning (a smaller dense
 model) or a sparse format with hardware or kernels that use it does.
+
+`l1_unstructured`'s ``amount`` may be a dict layer name -> fraction (scope ``layer`` only), e.g. chosen from a
+sensitivity scan; layers not named keep all their weights. With ``scope="global"`` the smallest weights of the
+whole model go, wherever they are (layers with small weights lose more). ``permanent=True`` leaves plain dense
+weights with zeros; ``permanent=False`` keeps ``weight_orig`` and ``weight_mask`` (what fine-tuning a pruned
+model needs: the mask keeps the zeros at zero), which makes the checkpoint larger, not smaller.
+
+`prune_channels` removes the channels with the smallest filter L1 norms (Li et al. 2017); the conv, the
+BatchNorm (and depthwise conv) after it and the input channels of the next layer are rebuilt without them
+(`channel_chains`). Convs whose channels feed a residual addition or a concatenation keep them. The copy is
+checked on ``example_inputs``: its output has the original's shape. The original model is not changed. A dict
+``amount`` maps conv names (see `channel_chains`) to fractions; convs not named keep their channels, and at
+least one channel always stays.
 """
 
 from __future__ import annotations
@@ -82,13 +95,9 @@ def l1_unstructured(model: nn.Module, amount, scope: str = "layer", permanent: b
 
     Args:
         model: the model (changed in place and returned).
-        amount: the fraction of weights to zero, in [0, 1); or a dict layer name -> fraction (scope
-            ``layer`` only), e.g. chosen from a sensitivity scan. Layers not named keep all their weights.
-        scope: ``layer``: each layer loses ``amount`` of its own weights; ``global``: the smallest weights of
-            the whole model go, wherever they are (layers with small weights lose more).
-        permanent: fold the masks into the weights (``prune.remove``): plain dense weights with zeros. False
-            keeps ``weight_orig`` and ``weight_mask`` (what fine-tuning a pruned model needs: the mask keeps
-            the zeros at zero), which makes the checkpoint larger, not smaller.
+        amount: the fraction of weights to zero, in [0, 1), or a dict layer name -> fraction (scope ``layer``).
+        scope: ``layer`` (each layer loses ``amount`` of its own) or ``global`` (the smallest of the whole model).
+        permanent: fold the masks into the weights (``prune.remove``); False keeps ``weight_orig``/``weight_mask``.
 
     Example:
         >>> l1_unstructured(model, 0.5, scope="global")
@@ -157,8 +166,9 @@ def sparsity(model: nn.Module) -> Sparsity:
 
 
 def semi_structured_mask(weight: torch.Tensor) -> torch.Tensor:
-    """The 2:4 mask of a weight: in every group of 4 consecutive values along the input dimension, the 2
-    largest magnitudes are kept. Exactly half the weights go, in the pattern sparse tensor cores skip.
+    """The 2:4 mask of a weight: the 2 largest magnitudes of every 4 consecutive values along the input dimension.
+
+    Exactly half the weights go, in the pattern sparse tensor cores skip.
 
     Example:
         >>> semi_structured_mask(torch.tensor([[1., -4., 3., 2.]]))
@@ -201,8 +211,10 @@ def to_semi_structured(linear: nn.Linear) -> nn.Linear:
 
 
 def to_csr(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` as a CSR matrix (outputs x everything else). torch's beta-state warning is left out: the
-    format works for what labkit does with it (storing, matmul)."""
+    """``weight`` as a CSR matrix (outputs x everything else).
+
+    torch's beta-state warning is left out: the format works for what labkit does with it (storing, matmul).
+    """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
         return weight.detach().reshape(weight.shape[0], -1).to_sparse_csr()
@@ -391,16 +403,9 @@ def _slim_linear(linear: nn.Linear, keep_in: torch.Tensor) -> nn.Linear:
 def prune_channels(model: nn.Module, amount, example_inputs: torch.Tensor) -> nn.Module:
     """A smaller, dense copy of ``model`` with ``amount`` of the output channels of each prunable conv removed.
 
-    Channels with the smallest filter L1 norms go (Li et al. 2017); the conv, the BatchNorm (and depthwise
-    conv) after it and the input channels of the next layer are rebuilt without them (`channel_chains`).
-    Convs whose channels feed a residual addition or a concatenation keep them. The copy is checked on
-    ``example_inputs``: its output has the original's shape. The original model is not changed.
-
     Args:
         model: the model (e.g. from ``labkit.models.build``; torch.fx must be able to trace it).
-        amount: the fraction of channels to remove from every prunable conv, in [0, 1); or a dict conv name ->
-            fraction (see `channel_chains` for the names; convs not named keep their channels). At least one
-            channel always stays.
+        amount: the fraction of channels to remove from every prunable conv, in [0, 1), or a dict conv name -> fraction.
         example_inputs: a batch the model accepts (shape check only; 2 samples are enough).
 
     Example:
@@ -448,8 +453,9 @@ def prune_channels(model: nn.Module, amount, example_inputs: torch.Tensor) -> nn
         shape = slim(example_inputs).shape
     slim.train(was_training)
     if shape != expected:  # a chain the tracer misread: never hand back a model that computes something else
-        raise ConfigError("model", type(model).__name__, f"a model whose pruned copy keeps its output shape {tuple(expected)}; "
-                                                         f"it became {tuple(shape)}")
+        raise ConfigError("model", type(model).__name__,
+                          f"a model whose pruned copy keeps its output shape {tuple(expected)}; "
+                          f"it became {tuple(shape)}")
     return slim
 
 

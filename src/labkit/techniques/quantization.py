@@ -13,6 +13,10 @@
 - `prepare_qat`, `convert_qat`: quantization-aware training: fake-quantize while fine-tuning, then convert.
 - `supported(method, device)`: None when ``method`` runs on ``device`` here, else why not.
 
+`quantize` needs ``calibration`` for ``int8_static``, which fixes each activation's range from those batches.
+Methods whose kernels run on the CPU only (``int8_dynamic``, ``int8_static``: torch.ao's x86/fbgemm engine)
+return a CPU model; the others stay on the model's device.
+
 ``torch.ao.quantization`` is deprecated since torch 2.10 and warns on every use; labkit uses it on purpose
 (it is what most existing code runs) and, once this module is imported, silences exactly those
 deprecation warnings, no others.
@@ -122,11 +126,15 @@ def dequantize_affine(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Te
 
 def fake_quantize_weights(model: nn.Module, bits: int, per_channel: bool = False,
                           keep_float: Iterable[str] = ()) -> nn.Module:
-    """A copy of ``model`` whose Conv2d and Linear weights are rounded to ``bits``-bit symmetric integers and stored
-    back as the floats they stand for: the accuracy of a ``bits``-bit model, simulated, at any bit width.
+    """A copy of ``model`` with its Conv2d and Linear weights rounded to ``bits``-bit symmetric integers.
+
+    The weights are stored back as the floats they stand for: the accuracy of a ``bits``-bit model, simulated,
+    at any bit width.
 
     Args:
-        bits: 2 to 16. per_channel: one scale per output channel (else one per tensor).
+        model: the float model (left alone).
+        bits: 2 to 16.
+        per_channel: one scale per output channel (else one per tensor).
         keep_float: module names (a name keeps everything under it) to leave as they are.
 
     Example:
@@ -138,10 +146,12 @@ def fake_quantize_weights(model: nn.Module, bits: int, per_channel: bool = False
     dim = 0 if per_channel else None
     with torch.no_grad():
         for name, module in copied.named_modules():
-            if isinstance(module, (nn.Conv2d, nn.Linear)) and not any(name == k or name.startswith(k + ".") for k in keep):
+            if isinstance(module, (nn.Conv2d, nn.Linear)) and not any(
+                    name == k or name.startswith(k + ".") for k in keep):
                 w = module.weight
                 scale, zero_point = affine_qparams(w, bits, True, dim)
-                w.copy_(dequantize_affine(quantize_affine(w, scale, zero_point, bits, True, dim), scale, zero_point, dim))
+                w.copy_(dequantize_affine(quantize_affine(w, scale, zero_point, bits, True, dim),
+                                          scale, zero_point, dim))
     return copied
 
 
@@ -364,7 +374,8 @@ def _bnb_quantize(model: nn.Module, method: str, names: list[str]) -> nn.Module:
         model.labkit_kept_float = kept
         if not names:
             raise UnsupportedError("method", method, f"bitsandbytes' CPU 4-bit kernel needs Linear layers with a "
-                                   f"multiple of {BNB_CPU_BLOCK_N} outputs, and this model has none ({', '.join(kept)})",
+                                   f"multiple of {BNB_CPU_BLOCK_N} outputs, "
+                                   f"and this model has none ({', '.join(kept)})",
                                    "the 8-bit methods")
     for name in names:
         old = model.get_submodule(name)
@@ -391,12 +402,8 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
     Args:
         model: any float32 model (labkit's or your own).
         method: one of `METHODS`, or a `SIMULATED_METHODS` name (weights rounded, kept in float32).
-        calibration: batches of inputs (or (inputs, labels) pairs) from the training data; required by
-            ``int8_static``, which fixes each activation's range from them.
+        calibration: training batches of inputs (or (inputs, labels) pairs); required by ``int8_static``.
         keep_float: module names (e.g. ``"stem"``, ``"head"``) or layer types (``"LayerNorm"``) to leave in float.
-
-    Methods whose kernels run on the CPU only (``int8_dynamic``, ``int8_static``: torch.ao's x86/fbgemm
-    engine) return a CPU model; the others stay on the model's device.
 
     Raises:
         ConfigError: an unknown method, static quantization without calibration, a bad keep_float name.
@@ -417,7 +424,8 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
     if reason:
         raise UnsupportedError("method", method, reason, ", ".join(available(device)))
     if spec.calibration:
-        calibration = _calibration_inputs(calibration, method)  # once (a loader's iterator is consumed), before any work
+        # once (a loader's iterator is consumed), before any work
+        calibration = _calibration_inputs(calibration, method)
     elif calibration is not None:
         raise ConfigError("calibration", type(calibration).__name__, f"None: {method!r} uses no calibration data "
                           "(only int8_static does)")
@@ -436,7 +444,8 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
     if method == "int8_dynamic":
         from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 
-        return quantize_dynamic(copied.cpu(), {name: default_dynamic_qconfig for name in names}, dtype=torch.qint8).eval()
+        return quantize_dynamic(copied.cpu(), {name: default_dynamic_qconfig for name in names},
+                                dtype=torch.qint8).eval()
     if method == "int8_static":
         return _static(copied, calibration, keep).eval()
     if spec.api == "torchao":
@@ -448,9 +457,9 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
 
 
 def prepare_qat(model: nn.Module, example_inputs: torch.Tensor, keep_float: Iterable[str] = ()) -> nn.Module:
-    """A copy of ``model`` that fake-quantizes its weights and activations (int8 rounding in the forward,
-    straight-through gradients in the backward), ready to fine-tune; `convert_qat` makes it int8.
+    """A copy of ``model`` that fake-quantizes its weights and activations, ready to fine-tune.
 
+    Int8 rounding in the forward, straight-through gradients in the backward; `convert_qat` makes it int8.
     The copy keeps ``labkit_name``, so that `labkit.fit(cfg, model=...)` trains it like the original.
 
     Example:
