@@ -60,7 +60,7 @@ def test_metrics_table_gives_units():
     assert plots.axis_label("accuracy") == "accuracy (%)"
     assert plots.axis_label("achieved_flops") == "achieved FLOP/s (TFLOP/s)"
     assert plots.axis_label("mem_optimizer_state_bytes") == "memory: optimizer state (MiB)"
-    assert plots.axis_label("my_metric") == "my metric"  # an unknown column: its name, spaced
+    assert plots.axis_label("my_metric") == "my_metric"  # an unknown column: its name
     assert plots.metric("achieved_flops").scale == 1e-12
 
 

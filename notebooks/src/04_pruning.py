@@ -1,29 +1,27 @@
 # %% [markdown]
 # # Pruning: why zeros alone change nothing, and how to make pruning real
 #
-# The seeds of this lab pruned a fine-tuned CNN by weight magnitude at 20 to 80 % and found a puzzle:
-# memory, file size and speed did not move, and accuracy sometimes *rose*. This notebook reproduces the
-# puzzle live, explains it, and then makes pruning pay: sparse storage and where it starts to help,
-# 2:4 sparsity, a per-layer sensitivity scan, and structured pruning, which removes whole channels and
-# rebuilds the layers into a smaller dense model that is really faster.
+# A claim that goes round blog posts and forum threads on pruning: "I pruned 80 % of the weights by
+# magnitude, and the model got no smaller and no faster; accuracy even went up." This notebook reproduces it
+# live, explains it, and then makes pruning pay: sparse storage, 2:4 sparsity, a sensitivity scan, and
+# structured pruning, which rebuilds a smaller dense model that is really faster.
 #
 # **You will learn**
-# 1. magnitude pruning in plain PyTorch (a mask from a `kthvalue` threshold), checked equal to
-#    `torch.nn.utils.prune`; layer-wise vs global; `prune.remove`; sparsity per layer and overall;
-# 2. why zeros stored densely leave size, memory and latency where they were (and why the masks make the
-#    checkpoint *larger*); when COO/CSR storage starts paying, measured; what 2:4 sparsity needs;
+# 1. magnitude pruning in plain PyTorch, checked equal to `torch.nn.utils.prune`; layer-wise vs global;
+# 2. why zeros stored densely leave size, memory and latency unchanged (and masks make the checkpoint
+#    *larger*); when COO/CSR storage pays; what 2:4 sparsity needs;
 # 3. a sensitivity scan on the validation split, and per-layer ratios chosen from it;
-# 4. structured pruning by hand (a conv, its BatchNorm, the next conv's inputs), then for every layer:
-#    parameters, FLOPs, file size, latency and accuracy before and after a recovery fine-tune;
-# 5. how to decide whether "accuracy rose after pruning" is real: repeats over seeds, with the spread.
+# 4. structured pruning by hand and for every layer, before and after a recovery fine-tune;
+# 5. how to tell whether "accuracy rose after pruning" is real: repeats over random seeds.
 #
-# **What you need:** notebook 00 (how labkit measures time and memory). A CPU is fine for everything
-# except the 2:4 speed measurement, which needs an Ampere or newer GPU (A100, A10, L4, H100; not a T4
-# or P100); latencies are this machine's.
+# **What you need:** notebook 00 (how labkit measures time and memory). A CPU is fine for everything except
+# the 2:4 speed measurement in section 2, which needs an Ampere or newer GPU (A100, L4, H100; not a T4 or
+# P100) and on a CPU only says why it did not run. Latencies are this machine's; each finding calls a
+# difference real only outside the spread it measured.
 
 # %%
 import labkit
-from labkit import guesses, plots, views
+from labkit import display, guesses, plots, views
 from labkit.labs import pruning as lab  # this notebook's experiments and findings
 from labkit.labs.pruning import exercises  # this notebook's exercises: question, check, solution
 from labkit.techniques import pruning
@@ -34,8 +32,8 @@ labkit.env_report()
 
 # %% [markdown]
 # ## 1. The puzzle
-# Everything below starts from one fine-tuned model: notebook 00's baseline, trained once and then read
-# from labkit's cache (`lab.fine_tuned`), so the sections prune the same weights.
+# Every section prunes one fine-tuned model: notebook 00's baseline, trained once, then read from labkit's
+# cache (`lab.fine_tuned`).
 
 # %%
 cfg = labkit.config.baseline(P)
@@ -47,10 +45,9 @@ print(f"{cfg.model} fine-tuned for {result.steps} steps: test accuracy {result.a
 # %% [markdown]
 # **The mechanism.** Magnitude (L1) pruning keeps the weights with the largest absolute values. For one
 # layer and a fraction `amount`, the `k = round(amount x numel)` smallest magnitudes go; `kthvalue(k)` is
-# the largest of them, so everything above it stays. `torch.nn.utils.prune` does the same and keeps the
-# result as a mask: it adds `weight_orig` (a parameter), `weight_mask` (a buffer) and a hook that
-# recomputes `weight = weight_orig * weight_mask` before every forward. `prune.remove` makes it
-# permanent: the zeros move into `weight` and the extras go.
+# the largest of them. `torch.nn.utils.prune` keeps the result as a mask: it adds `weight_orig` (a
+# parameter), `weight_mask` (a buffer) and a hook that recomputes `weight = weight_orig * weight_mask`
+# before every forward. `prune.remove` makes it permanent: the zeros move into `weight`, the extras go.
 
 # %%
 import copy
@@ -86,18 +83,16 @@ for layer_name, module in pruning.prunable_layers(engine):
 assert abs(pruning.sparsity(engine).overall - 0.5) < 0.01
 
 # %% [markdown]
-# `scope="layer"` takes the same share from every layer; `scope="global"` pools every layer's magnitudes
-# and takes one threshold for all of them, so layers whose weights are small lose more. Per layer, at
-# 80 % overall (`pruning.sparsity(model).per_layer`):
+# `scope="layer"` takes the same share from every layer; `scope="global"` takes one threshold for all of
+# them, so layers whose weights are small lose more. Zeros per layer at 80 % overall:
 
 # %%
-lab.per_layer_sparsity(model, 0.8)
+display.table(lab.per_layer_sparsity(model, 0.8),
+              ["layer", "weights_params", "zeros_layer_scope_fraction", "zeros_global_scope_fraction"])
 
 # %% [markdown]
-# The seeds used global L1 pruning from 20 to 80 %.
-#
-# **Predict first.** At 80 % zeros, what will the saved file's size be, as a fraction of the unpruned
-# model's (0..1)? And the inference latency at batch 64, as a multiple of the unpruned model's?
+# **Predict first.** Pruned globally to 80 % zeros, what will the saved file's size be, as a fraction of
+# the unpruned model's (0..1)? And the latency at batch 64, as a multiple of the unpruned model's?
 
 # %%
 guess_size_fraction = None  # YOUR GUESS: file size at 80 % zeros / unpruned, e.g. 0.3
@@ -112,34 +107,36 @@ print(guesses.versus(guess_latency_ratio, top.latency_ratio, "latency at 80 % ze
 plots.lines(puzzle, x="amount", ys=["model_size_bytes", "inference_peak_bytes", "latency_s", "test_accuracy"]);
 
 # %%
-puzzle[["amount", "sparsity", "nonzero_params", "model_size_bytes", "size_with_masks_bytes",
-        "inference_peak_bytes", "latency_s", "val_accuracy", "test_accuracy"]]
+display.table(puzzle, ["amount", "nonzero_params", "model_size_bytes", "size_with_masks_bytes",
+                       "inference_peak_bytes", "latency_s", "test_accuracy"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: zeros stored densely change neither the file nor the memory; the masks make the file larger
 assert (puzzle.model_size_bytes == puzzle.model_size_bytes[0]).all()
 # equal on a CPU; on a GPU the convolutions' workspaces may differ by a little from one model to the next
-assert ((puzzle.inference_peak_bytes - puzzle.inference_peak_bytes[0]).abs() <= 0.05 * puzzle.inference_peak_bytes[0]).all()
+peak = puzzle.inference_peak_bytes
+assert ((peak - peak[0]).abs() <= 0.05 * peak[0]).all()
 assert (puzzle.size_with_masks_bytes > 1.5 * puzzle.model_size_bytes).all()
 assert ((puzzle.sparsity - puzzle.amount).abs() < 0.01).all()
 assert (puzzle.nonzero_params.diff().dropna() < 0).all()
 
 # %% [markdown]
 # **Why nothing moved.** A pruned weight is a `0.0` in the same dense tensor: the file stores it in 4
-# bytes like any other float, the forward allocates the same activations, and a dense convolution or
-# matrix multiply does the same arithmetic whatever the values are. With the masks still attached
-# (`prune.l1_unstructured` without `prune.remove`) the file holds `weight_orig` *and* `weight_mask`, about
-# twice the size, and every forward recomputes the weight. Accuracy is the one number that moves; whether
-# the seeds' *rise* was real is section 5's question. To turn zeros into savings, either store and
-# compute them in a sparse format (section 2) or remove whole channels (section 4).
+# bytes, the forward allocates the same activations, and a dense convolution does the same arithmetic
+# whatever the values. With the masks attached the file holds `weight_orig` *and* `weight_mask`, about
+# twice the size. The models were timed in turns, and the line compares their latencies with the dense
+# model's timing noise: the spread of its single calls (10th to 90th percentile) and a copy of it timed in
+# the same turns. Dense kernels skip no zeros, so a ratio outside it is the machine, not fewer operations:
+# other work changing its pace (run the cell again), or the lower power that multiplying zeros draws, which
+# lets a power-limited chip clock a little higher, a few percent rather than the 5x fewer nonzeros. Only
+# accuracy really moves; whether a *rise* is real is section 5's question.
 
 # %% [markdown]
 # ## 2. Sparse storage and 2:4
-# `weight.to_sparse()` stores only the nonzeros, in COO format: each keeps its value and one int64 index
-# per dimension, 4 + 4 x 8 = 36 bytes for a float32 conv weight against 4 bytes dense, so COO only pays
-# when almost everything is zero. CSR (a matrix: one column index per nonzero and a pointer per row)
-# needs 12 bytes per nonzero. Measured on the model's largest weight, in memory and as saved by
-# `torch.save`, with the time of its matrix multiply (a conv's im2col product) dense and as CSR:
+# `weight.to_sparse()` stores only the nonzeros, in COO format: each keeps its value and one int64 index per
+# dimension, 4 + 4 x 8 = 36 bytes for a float32 conv weight against 4 bytes dense. CSR (a matrix: one column
+# index per nonzero and a pointer per row) needs 12 bytes per nonzero. Measured on the largest weight, with
+# its matrix multiply (a conv's im2col product) dense and as CSR, timed in turns:
 
 # %%
 storage = lab.sparse_storage(cfg)
@@ -158,14 +155,13 @@ assert ((s.coo_bytes - (4 + 8 * 4) * numel * (1 - s.index)).abs() <= 0.001 * 36 
 assert s.coo_bytes.iloc[-1] < s.dense_bytes.iloc[-1] < s.coo_bytes[s.index < 0.85].min()
 
 # %% [markdown]
-# Sparse *speed* is a different matter from sparse *storage*: a CSR multiply does irregular memory
-# accesses, and on a CPU it usually needs a high sparsity to beat the dense kernel (the printed line
-# says where it did here). Hardware made for sparsity takes a fixed pattern instead: **2:4
+# Sparse *speed* is another matter: a CSR multiply reads memory irregularly, so on a CPU it needs a high
+# sparsity to beat the dense kernel beyond its call-to-call spread, if it does at all. Hardware made for
+# sparsity wants a fixed pattern instead: **2:4
 # semi-structured sparsity** keeps 2 of every 4 consecutive weights, which Ampere and newer GPUs run on
 # sparse tensor cores (`torch.sparse.to_sparse_semi_structured`, fp16/bf16); NVIDIA rates those at twice
-# the dense math throughput (Mishra et al. 2021, https://arxiv.org/abs/2104.08378), a ceiling that whole
-# layers reach only in part. The pattern itself can be applied anywhere, so its accuracy cost is
-# measured here; its speed only where such a GPU is present:
+# the dense math throughput (Mishra et al. 2021, https://arxiv.org/abs/2104.08378), a ceiling whole layers
+# reach only in part. The pattern's accuracy cost is measured on any machine, its speed only on such a GPU:
 
 # %%
 semi = lab.semi_structured(cfg)
@@ -178,24 +174,25 @@ assert (semi.speedup is None) != (semi.reason is None)
 
 # %% [markdown]
 # ## 3. Sensitivity scan
-# Layers differ in how much pruning they tolerate. The scan prunes one layer at a time, at 30 to 90 %,
-# and measures accuracy on the **validation** split: choices made on the test split would make its
-# accuracy an overstatement. The test split is kept for the final comparison.
+# Layers differ in how much pruning they tolerate. The scan prunes one layer at a time, at 30 to 90 %, and
+# measures accuracy on the **validation** split: choices made on the test split would make its accuracy an
+# overstatement. The test split is kept for the final comparison.
 
 # %%
 scan = lab.sensitivity_scan(cfg)
 plots.line(scan, x="sparsity", y="val_accuracy", hue="layer");
 
 # %% [markdown]
-# From the scan, each layer gets the highest sparsity that cost it at most 2 points of validation
-# accuracy, and the result is compared, on the test split, with one uniform ratio and with global
-# pruning that remove the same share of all weights:
+# Each layer then gets the highest sparsity that cost it at most 2 points of validation accuracy, and the
+# result is compared, on the test split, with one uniform ratio and with global pruning that remove the
+# same share of all weights:
 
 # %%
 ratios = lab.choose_ratios(scan, max_drop=0.02)
 compared = lab.compare_ratios(cfg, ratios)
-print(lab.ratios_finding(scan, compared, ratios))
-compared
+print(lab.ratios_line(ratios))
+print(lab.ratios_finding(compared))
+display.table(compared, ["scheme", "sparsity", "val_accuracy", "test_accuracy"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the scan covers every prunable layer on the validation split; the schemes prune the same share
@@ -205,14 +202,15 @@ c = compared.set_index("scheme")
 assert c.sparsity.drop("unpruned").max() - c.sparsity.drop("unpruned").min() < 0.01
 
 # %% [markdown]
-# A layer-at-a-time scan cannot see how layers interact when pruned together, so its choice is a good
-# start rather than the optimum; global pruning adapts to the weights' scale on its own and is often as
-# good. Either way the zeros are still stored densely. The next section removes them.
+# The line says which of three outcomes happened: the scan's ratios won, the uniform ratio won, or the
+# difference is within the test split's noise, common at moderate sparsity. A one-layer-at-a-time scan
+# cannot see how layers interact when pruned together, so its choice is a good start, not the optimum;
+# global pruning adapts to the weights' scale on its own and is often as good. Either way the zeros are
+# still stored densely.
 #
 # ## 4. Structured pruning: a smaller dense model
-# Removing an output channel of a conv removes a filter, its BatchNorm entry, and the matching input
-# channel of the next conv. What is left is an ordinary, smaller dense model: fewer parameters, fewer
-# FLOPs, a smaller file, lower latency on any hardware. **The mechanism** on one pair of layers,
+# Removing an output channel of a conv removes a filter, its BatchNorm entry and the matching input channel
+# of the next conv: a smaller dense model, faster on any hardware. **The mechanism** on one pair of layers,
 # keeping the half of the stem's channels whose filters have the largest L1 norm:
 
 # %%
@@ -251,21 +249,10 @@ for a, b in zip(mine.parameters(), engine.parameters(), strict=True):
     assert a.shape == b.shape and torch.equal(a, b)
 
 # %% [markdown]
-# labkit's `prune_channels(model, amount, example_inputs)` does this for every conv whose channels flow
-# into exactly one other layer through channel-wise layers only (BatchNorm, ReLU, depthwise convs,
-# pooling). It finds those chains on a `torch.fx` trace, so a conv that feeds a residual addition (ResNet)
-# or a concatenation (ShuffleNet) keeps its channels: pruning them would need every layer on the other
-# side of the addition pruned alike, which a dependency-graph library such as torch-pruning does. How
-# many convs each model lets it prune:
-
-# %%
-for name in ("small_cnn", "resnet18", "shufflenet_v2_x0_5"):
-    built = labkit.models.build(name, 10, pretrained=False)[0]
-    convs = [m for m in built.modules() if isinstance(m, nn.Conv2d)]
-    chains = pruning.channel_chains(built)
-    print(f"{name}: {len(chains)} of its {len(convs)} convs can lose channels ({chains[0].name}, ...)")
-
-# %% [markdown]
+# labkit's `prune_channels(model, amount, example_inputs)` does this for every conv whose channels flow into
+# exactly one other layer through channel-wise layers only (BatchNorm, ReLU, pooling), found on a `torch.fx`
+# trace; a conv that feeds a residual addition keeps its channels (see Going further).
+#
 # **Predict first.** With half the channels of every prunable conv removed, what fraction (0..1) of the
 # parameters will be left? And of the CPU latency at batch 64?
 
@@ -282,8 +269,8 @@ print(guesses.versus(guess_latency_fraction, pruned.cpu_latency_s_ratio, "CPU la
 plots.bars(structured, x="model", ys=["num_params", "flops", "cpu_latency_s", "test_accuracy"]);
 
 # %%
-structured[["model", "num_params", "flops", "model_size_bytes", "inference_peak_bytes", "latency_s",
-            "cpu_latency_s", "val_accuracy", "test_accuracy"]]
+display.table(structured, ["model", "num_params", "flops", "model_size_bytes", "latency_s", "cpu_latency_s",
+                           "test_accuracy"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the pruned model is really smaller and faster, and recovery does not make it worse
@@ -294,43 +281,42 @@ noise = labkit.measure.accuracy_noise(s.test_accuracy["pruned"], P.test_size)
 assert s.test_accuracy["pruned + recovery"] >= s.test_accuracy["pruned"] - noise
 
 # %% [markdown]
-# Parameters fall faster than channels: a conv between two pruned layers loses half its inputs *and*
-# half its outputs, a quarter of its weights remain. Latency usually falls less than FLOPs, because a
-# small model also pays fixed costs per layer (launching kernels, memory traffic of the activations);
-# how much less is what the printed line measured.
+# Parameters fall faster than channels: a conv between two pruned layers loses half its inputs *and* half
+# its outputs, so a quarter of its weights remain. Latency falls less than FLOPs, because a small model
+# also pays fixed costs per layer (launching kernels, moving activations); on a GPU a small model may not
+# get faster at all. On a CPU run the two latency columns are one measurement; on a GPU the second times
+# CPU copies of the models.
 #
-# Right after pruning, accuracy drops, and for two reasons. The removed channels carried information;
-# and every BatchNorm layer after a pruned conv still normalises with the mean and variance it collected
-# in the unpruned network, which no longer describe what it receives. The second is cheap to fix:
-# `pruning.recalibrate_batchnorm(model, batches)` re-estimates the statistics from a few training batches
-# with forward passes only, no gradient. The recovery fine-tune fixes both. The printed line says how
-# much each step recovered here.
+# Right after pruning, accuracy drops: the removed channels carried information, and every BatchNorm after
+# a pruned conv still normalises with the unpruned network's statistics. The second is cheap to fix:
+# `pruning.recalibrate_batchnorm(model, batches)` re-estimates them with a few forward passes (the third
+# row). The recovery fine-tune fixes both; the line says whether it came back within the test split's
+# noise, or how far below it stayed (more steps or a smaller amount close that gap).
 #
 # ## 5. Did accuracy really rise?
-# The seeds saw accuracy rise after pruning, once. Light pruning zeroes weights that barely mattered,
-# so it changes a handful of predictions either way, and a handful of test images is within the noise
-# of a single run. Repeating the fine-tune with other seeds, and pruning each, tells chance from effect:
+# The claim's rise was seen once. Light pruning zeroes weights that barely mattered, so it changes a
+# handful of predictions either way, within the noise of a single run. Repeating the fine-tune with other
+# random seeds, and pruning each, tells chance from effect:
 
 # %%
-repeats = lab.seed_repeats(cfg, seeds=(0, 1, 2))
+repeats = lab.repeats(cfg)  # one fine-tune per random seed, each pruned at 20, 40, 60, 80 %
 print(lab.rise_finding(repeats))
-lab.rise_summary(repeats)
+display.table(lab.rise_summary(repeats), ["amount", "accuracy_change", "rose", "seeds", "gained", "lost"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every seed x amount ran, and the images gained and lost add up to each change in accuracy
-assert len(repeats) == 3 * 4
+assert repeats.seed.nunique() >= 2 and len(repeats) == repeats.seed.nunique() * 4
 assert ((repeats.gained - repeats.lost) / P.test_size - repeats.delta).abs().max() < 1e-6
 
 # %% [markdown]
-# Per seed, `gained` and `lost` count the test images the pruned model gets right that the unpruned one
-# got wrong, and the reverse: a rise of a few tenths of a point is a few images, with about as many lost.
-# An effect is real when the mean over seeds stays clear of the spread between seeds (and of the test
-# split's noise); the printed sentence says which it was here.
+# `gained` and `lost` count the test images the pruned models get right that their unpruned ones got
+# wrong, and the reverse: a rise of a few tenths of a point is a few images, with about as many lost. The
+# line calls the best mean rise possibly real only when it exceeds twice its standard error between seeds
+# and half the test split's noise; otherwise it is chance.
 #
 # ## 6. Your turn: the panel
-# Choose the method (unstructured: zeros; structured: channels removed), the amount, the recovery
-# fine-tune steps and the seed of the fine-tuned model, and press **Run**. Each run adds a point to the
-# two charts: test accuracy and latency against the share of parameters removed or zeroed.
+# Choose the method (unstructured: zeros; structured: channels removed), the amount, the recovery steps and
+# the random seed of the fine-tuned model, and press **Run**: each run adds a point to both charts.
 
 # %%
 panel = ExperimentPanel(
@@ -345,39 +331,46 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | memory and file size not reduced after pruning | zeros are still stored densely | structured pruning and rebuilding the layers; sparse storage only above its break-even |
-# | the checkpoint got larger after pruning | the masks are still attached (`weight_orig` + `weight_mask`) | `prune.remove` before saving (after fine-tuning with the masks) |
-# | no speed-up at 80 % sparsity | dense kernels multiply zeros too | channels removed (structured), or 2:4 on an Ampere+ GPU |
-# | accuracy collapses at a modest overall sparsity | a sensitive layer (often the first conv) was pruned hard | a sensitivity scan; per-layer ratios; keep the first layer dense |
-# | accuracy near chance right after removing channels | BatchNorm still normalises with the unpruned network's statistics | `pruning.recalibrate_batchnorm` on a few training batches, then a recovery fine-tune |
-# | "accuracy rose after pruning" | noise of one run on a small test split | repeat over seeds, compare with the spread |
-# | ratios chosen on the test split | the test accuracy becomes optimistic | choose on the validation split, report on the test split |
-# | a pruned ResNet fails with a shape error | a conv feeding a residual addition lost channels | prune inside blocks only, or use a dependency-graph tool (torch-pruning) |
+# | memory and file size not reduced | zeros are still stored densely | remove channels; sparse storage if very sparse |
+# | the checkpoint got larger | the masks are still attached | `prune.remove` before saving |
+# | no speed-up at 80 % sparsity | dense kernels multiply zeros too | remove channels, or 2:4 on an Ampere+ GPU |
+# | accuracy collapses at a modest sparsity | a sensitive layer was pruned hard | a sensitivity scan; per-layer ratios |
+# | accuracy near chance after removing channels | stale BatchNorm statistics | `recalibrate_batchnorm`, then recover |
+# | "accuracy rose after pruning" | the noise of one run | repeat over seeds, compare with the spread |
+# | ratios chosen on the test split | the test accuracy becomes optimistic | choose on validation, report on test |
+# | a pruned ResNet fails with a shape error | a conv feeding an addition lost channels | a dependency-graph tool |
 
 # %% [markdown]
 # ## Going further
-# - **Iterative pruning**: prune a little, fine-tune, repeat; it reaches higher sparsity at the same
-#   accuracy than pruning once (Han et al. 2015). **Movement pruning** ranks weights by how they move
-#   during fine-tuning rather than by size, which suits transfer learning (Sanh et al. 2020).
+# **Residual additions.** A conv that feeds an addition (ResNet) or a concatenation (ShuffleNet) can only
+# lose channels together with every layer on the other side; dependency-graph tools such as torch-pruning
+# (`DepGraph`, Fang et al. 2023) group those layers, for ResNets and transformers too. How many convs each
+# model lets `prune_channels` prune:
+
+# %%
+for name in ("small_cnn", "resnet18", "shufflenet_v2_x0_5"):
+    built = labkit.models.build(name, 10, pretrained=False)[0]
+    convs = [m for m in built.modules() if isinstance(m, nn.Conv2d)]
+    chains = pruning.channel_chains(built)
+    print(f"{name}: {len(chains)} of its {len(convs)} convs can lose channels ({chains[0].name}, ...)")
+
+# %% [markdown]
+# - **Iterative pruning**: prune a little, fine-tune, repeat; it reaches higher sparsity at the same accuracy
+#   (Han et al. 2015). **Movement pruning** ranks weights by how they move during fine-tuning (Sanh et al. 2020).
 # - **The lottery ticket hypothesis**: a sparse subnetwork, rewound to its early weights, trains to full
 #   accuracy on its own (Frankle and Carbin 2019).
-# - **Dependency graphs**: torch-pruning (`DepGraph`, Fang et al. 2023) groups the layers that must be
-#   pruned together across residual additions and concatenations, for ResNets, ShuffleNets and
-#   transformers.
-# - **2:4 training**: torchao trains with 2:4 sparse weights on Ampere+ GPUs, so the pattern costs less
-#   accuracy than applying it after training.
+# - **2:4 training**: torchao trains with 2:4 sparse weights on Ampere+ GPUs, at less accuracy cost.
 
 # %% [markdown]
 # ## Summary
-# - Magnitude pruning is a mask: `weight.abs() > weight.abs().flatten().kthvalue(k).values` per layer, one
-#   threshold for all layers with `scope="global"`; `prune.l1_unstructured` plus `prune.remove` in PyTorch.
-# - Zeros stored densely change nothing but accuracy: the file, the memory and the latency stayed where
-#   they were (section 1), and the masks doubled the checkpoint until `prune.remove`.
-# - Sparse formats pay only at high sparsity (COO's 36 bytes per nonzero against 4 dense: from about 89 %
-#   zeros); 2:4 sparsity is the pattern GPUs accelerate (Ampere+).
+# - Magnitude pruning is a mask from a `kthvalue` threshold, per layer or global; in PyTorch
+#   `prune.l1_unstructured`, then `prune.remove`.
+# - Zeros stored densely change nothing but accuracy, and the masks double the checkpoint until
+#   `prune.remove`.
+# - Sparse formats pay only at high sparsity (COO: from about 89 % zeros); Ampere+ GPUs accelerate 2:4.
 # - Choose per-layer ratios from a sensitivity scan on the validation split.
-# - Structured pruning removes channels and rebuilds the layers: a smaller dense model, fewer parameters,
-#   FLOPs and milliseconds on any hardware, after a recovery fine-tune.
+# - Structured pruning removes channels: a smaller dense model, faster on any hardware, after a recovery
+#   fine-tune.
 # - A rise in accuracy after pruning is real only if it survives repeats over seeds.
 
 # %% [markdown]
@@ -394,8 +387,8 @@ panel
 
 # %% [markdown]
 # ## Exercises
-# The first asks for code: global magnitude pruning by hand, one threshold for the whole model. The
-# checker compares your masks with `torch.nn.utils.prune.global_unstructured`'s.
+# The first asks for code: global magnitude pruning by hand, one threshold for the whole model. The checker
+# compares your masks with `torch.nn.utils.prune.global_unstructured`'s.
 
 # %%
 print(exercises.question("04.global"))
@@ -410,9 +403,9 @@ def my_global_masks(model, amount):
 exercises.check("04.global", my_global_masks)
 
 # %% [markdown]
-# The next one uses **your own** structured pruning: the conv whose channels shrank most. The line under
-# the check gives the FLOP counter's measurement for it. Why did the model's total FLOPs fall by less
-# than this layer's?
+# The next one uses **your own** structured pruning: the conv whose channels shrank most. The line under the
+# check gives the FLOP counter's measurement for it. Why did the model's total FLOPs fall by less than this
+# layer's?
 
 # %%
 slim = pruning.prune_channels(model, 0.5, x[:2])

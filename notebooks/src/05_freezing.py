@@ -1,28 +1,26 @@
 # %% [markdown]
 # # Layer freezing: train less of the network
 #
-# A pretrained network already computes useful features in its early stages. **Freezing** those stages
-# (no gradient, no optimizer state, BatchNorm statistics left as they are) trains only the rest: each
-# step gets cheaper and the optimizer smaller, at some cost in how far the model can adapt. This
-# notebook measures that trade at five levels, from nothing frozen to only the head training, and
-# tests a seed's finding: on ShuffleNetV2, heavy freezing cost more accuracy than it saved time.
+# A pretrained network already computes useful features in its early stages. **Freezing** those stages (no
+# gradient, no optimizer state, BatchNorm statistics left as they are) trains only the rest: each step gets
+# cheaper and the optimizer smaller, at some cost in how far the model can adapt. This notebook measures
+# that trade at five levels, from nothing frozen to only the head, and tests a rule of thumb repeated in
+# transfer-learning tutorials and forum answers: "freeze too much and you lose more accuracy than you save
+# time."
 #
 # **You will learn**
-# 1. what freezing is in PyTorch: `requires_grad_(False)` on a stage's parameters **and** its BatchNorm
-#    layers kept in eval mode, and what labkit's levels (`none`, `light`, `medium`, `heavy`,
-#    `head_only`) freeze on each model;
-# 2. why a frozen step is faster: the backward pass shrinks, counted layer by layer (weight and input
-#    gradients), and a frozen prefix keeps no activations, because autograd records nothing there;
-# 3. what freezing saves in memory by category and costs in accuracy after the same steps, and
-#    whether the seed's trade-off holds here;
+# 1. freezing in PyTorch: `requires_grad_(False)` **and** BatchNorm kept in eval mode; what labkit's levels
+#    (`none`, `light`, `medium`, `heavy`, `head_only`) freeze;
+# 2. why a frozen step is faster: the backward pass counted layer by layer, and why a frozen prefix keeps no
+#    activations;
+# 3. what freezing saves in memory and costs in accuracy after the same steps, and whether the rule of thumb
+#    holds here;
 # 4. what goes wrong when frozen BatchNorm layers stay in training mode;
-# 5. feature caching (compute the frozen features once, train the head on them), gradual unfreezing
-#    and discriminative (per-stage) learning rates.
+# 5. feature caching, gradual unfreezing and discriminative learning rates.
 #
-# **What you need:** notebook 00 (the four numbers, memory by category); notebook 03 helps (activations
-# and optimizer state). A CPU is fine: FLOPs and memory are counted exactly there, and every result
-# below is a real run; step times are this machine's and get noisy when other work runs beside the
-# notebook.
+# **What you need:** notebook 00 (the four numbers, memory by category); notebook 03 helps. A CPU is fine,
+# and no section shows only noise there: FLOPs and memory are counted exactly, and step times are real but
+# this machine's; each finding calls a time difference real only outside the spread of the steps it measured.
 
 # %%
 import copy
@@ -32,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import labkit
-from labkit import guesses, plots, views
+from labkit import display, guesses, plots, views
 from labkit.labs import freezing as lab  # this notebook's experiments and findings
 from labkit.labs.freezing import exercises  # this notebook's exercises: question, check, solution
 from labkit.techniques import freezing
@@ -44,29 +42,25 @@ labkit.env_report()
 # %% [markdown]
 # ## 1. Stages and levels
 # Every labkit model lists its **stages** in forward order, stem first and head last
-# (`labkit.models.named_stages`); together they hold every parameter once. A freezing level says how
-# many of the stages before the head (the *body*) keep training, counted from the top: `light` trains
-# the last three body stages, `medium` the last two, `heavy` the last one, `head_only` none; at least the
-# stem is frozen from `light` on. So the same level name means the same thing on every model. Early
-# stages hold generic features (edges, textures) and few parameters; late stages hold task-specific
-# features and most of the parameters, which is why the share left training drops fast at the end:
+# (`labkit.models.named_stages`). A level says how many stages before the head keep training, counted from
+# the top: `light` trains the last three, `medium` two, `heavy` one, `head_only` none. So a level means the
+# same thing on every model. Early stages hold generic features and few parameters; late stages hold
+# task-specific features and most of the parameters, so the share left training drops fast at the end:
 
 # %%
 cfg = labkit.config.baseline(P)  # the profile's pretrained fine-tune (notebook 00)
 model = labkit.models.build(cfg.model, num_classes=10, pretrained=False)[0]
 print(f"{cfg.model}: stages {[name for name, _ in labkit.models.named_stages(model)]}")
-lab.level_table()
+display.table(lab.level_table())
 
 
 # %% [markdown]
 # ## 2. The mechanism
-# Freezing a stage is two things. **No gradient:** `p.requires_grad_(False)` on each of its parameters;
-# an optimizer built over the parameters that still require one keeps no state for the rest.
-# **BatchNorm stays in eval mode:** in training mode a BatchNorm layer normalises each batch by its own
-# statistics and keeps updating its running mean and variance, so a "frozen" stage would still change
-# what it computes. The catch is that every training loop calls `model.train()`, which puts every
-# layer back into training mode; so a frozen BatchNorm layer gets its own `train`, which keeps it in
-# eval mode. In plain PyTorch:
+# Freezing a stage is two things. **No gradient:** `p.requires_grad_(False)` on its parameters; an optimizer
+# built over the parameters that still require one keeps no state for the rest. **BatchNorm in eval mode:**
+# in training mode a BatchNorm layer normalises each batch by its own statistics and keeps updating its
+# running mean and variance, so a "frozen" stage would still change. Every training loop calls
+# `model.train()`, so a frozen BatchNorm layer gets its own `train`, which keeps it in eval mode:
 
 # %%
 def freeze_stages(model, names):
@@ -82,12 +76,10 @@ def freeze_stages(model, names):
 
 
 # %% [markdown]
-# Below, your version and labkit's `freezing.freeze(model, "heavy")` (what `RunConfig(freeze="heavy")`
-# applies before the optimizer is built) each take one AdamW step from the same pretrained weights on
-# the same batch; the check compares what trains, the gradients, the weights after the step and every
-# BatchNorm statistic. labkit's own `train` for a frozen BatchNorm layer is a small object rather than a
-# lambda: `copy.deepcopy` (and pickling) copies that object along with its layer, while a copied model
-# would share the lambda, which acts on the original model's layer.
+# Your version and labkit's `freezing.freeze(model, "heavy")` (what `RunConfig(freeze="heavy")` applies)
+# each take one AdamW step from the same weights on the same batch; the check compares what trains, the
+# gradients, the weights and every BatchNorm statistic. labkit's `train` is a small object rather than a
+# lambda, so that `copy.deepcopy` copies it with its layer instead of sharing one bound to the original.
 
 # %%
 labkit.env.set_tf32(False)  # TF32's rounding would blur the comparison on an Ampere GPU
@@ -122,10 +114,7 @@ assert frozen_bn and not any(m.training for m in copy.deepcopy(engine).train().m
 
 # %% [markdown]
 # ## 3. Freezing levels: time, memory, accuracy
-# Each level now fine-tunes the same pretrained model for the same steps (the profile's
-# `max_steps`), with the same data order. The optimizer state should fall with the trainable
-# parameters; the step time depends on how much of the backward pass is left, which section 3.1
-# counts exactly.
+# Each level fine-tunes the same pretrained model for the same steps, with the same data order.
 #
 # **Predict first.** At `head_only`, what fraction of the step time without freezing will a step take
 # (0..1)? And what fraction of the optimizer state will be left?
@@ -143,98 +132,89 @@ plots.bars(sweep, x="level", ys=["step_time_s", "accuracy"])
 plots.memory_breakdown(sweep, label="level");
 
 # %%
-sweep[["level", "frozen_stages", "num_trainable_params", "step_time_s", "time_ratio", "mem_gradients_bytes",
-       "mem_optimizer_state_bytes", "mem_activations_bytes", "peak_memory_bytes", "accuracy", "accuracy_change"]]
+display.table(sweep, ["level", "num_trainable_params", "step_time_s", "backward_flops",
+                      "mem_optimizer_state_bytes", "saved_activation_bytes", "accuracy"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: each level trains less, keeps less, and its backward pass is exactly the layer-by-layer count
 ok = sweep[sweep.error.isna()].set_index("level")
-assert list(ok.index) == list(freezing.LEVELS)
+assert list(ok.index) == [level for level in freezing.LEVELS if level in ok.index]  # in order; ci runs three
+assert {"none", "heavy", "head_only"} <= set(ok.index)
 assert ok.num_trainable_params.is_monotonic_decreasing and ok.mem_optimizer_state_bytes.is_monotonic_decreasing
 assert ok.saved_activation_bytes.is_monotonic_decreasing and ok.backward_flops.is_monotonic_decreasing
 assert (ok.backward_flops == ok.predicted_backward_flops).all(), "the backward pass, layer by layer"
-assert ok.state_ratio["head_only"] <= 0.10 and ok.mem_gradients_bytes["head_only"] < 0.05 * ok.mem_gradients_bytes["none"]
+grads = ok.mem_gradients_bytes
+assert ok.state_ratio["head_only"] <= 0.10 and grads["head_only"] < 0.05 * grads["none"]
 
 # %% [markdown]
-# How to read it: gradients and optimizer state (the middle of each stack) shrink with the trainable
-# parameters, to almost nothing at `head_only`; the parameters themselves are all still there (frozen
-# weights are still used). The activation segment shrinks less than you might expect; the next cell says
-# why. Accuracy after the same steps is the price: where it drops depends on how close the pretraining
-# task is to this one, and differences smaller than the test set's noise mean nothing.
+# Gradients and optimizer state shrink with the trainable parameters, to almost nothing at `head_only`; the
+# weights all stay. Accuracy after the same steps is the price; differences smaller than the test set's
+# noise mean nothing.
 #
 # ### 3.1 Why the step gets faster
-# A step is a forward pass, a backward pass and the optimizer. Freezing leaves the forward pass alone:
-# every layer still runs. The backward pass of a convolution or linear layer computes up to two things,
-# each costing about its forward FLOPs: the gradient of its **weight** (needed only if the weight trains)
-# and the gradient of its **input** (needed only if something before it trains, or the input itself
-# requires a gradient). With the first stages frozen, nothing before the first trainable layer requires
-# a gradient, so autograd records no graph there at all: no backward work, and no activations **saved**
-# for it. labkit counts every layer this way and compares the prediction with the FLOP counter's
-# measurement of the real step:
+# Freezing leaves the forward pass alone: every layer still runs. The backward pass of a convolution or
+# linear layer computes up to two things, each costing about its forward FLOPs: the gradient of its
+# **weight** (only if the weight trains) and of its **input** (only if something before it trains). With
+# the first stages frozen, nothing before the first trainable layer requires a gradient, so autograd records
+# no graph there: no backward work and no activations **saved** for it. labkit counts this layer by layer
+# (`lab.backward_profile`), and the check above found it equal to the FLOP counter's measurement:
 
 # %%
 print(lab.levels_finding(sweep))
 plots.bars(sweep, x="level", ys=["backward_flops", "saved_activation_bytes"]);
 
 # %% [markdown]
-# So the FLOPs fall to about a third at `head_only` (the forward pass is about a third of a step),
-# and the time can fall less or more than that. Less, where work that FLOP counters leave out and that
-# freezing does not remove is a visible share of the step: loading the batch, the loss, and on a GPU
-# the launch of every kernel of a small model. More, where the frozen prefix also drops work the
-# counters leave out: the backward pass of its BatchNorm and ReLU layers, its BatchNorm batch
-# statistics, and the optimizer's update of its tensors. The printed sentence says which happened
-# here. Memory follows the same logic: gradients and optimizer state go with the
-# frozen parameters, and the activations kept for the backward pass go with the frozen prefix, but the
-# forward pass still needs working memory while it runs.
+# The FLOPs cannot fall below the forward pass, about a third of a step, and the time can fall less or more
+# than the FLOPs. Less, where uncounted work stays: loading the batch, the loss, and on a GPU the launch of
+# every kernel of a small model. More, where the frozen prefix also drops uncounted work: its BatchNorm and
+# ReLU backward, its batch statistics, the optimizer's update of its tensors. The line judges this against
+# the steps' own spread, or says the timing was disturbed. The forward still needs working memory, so the
+# activation peak falls less than the saved activations.
 #
-# ### 3.2 The seed's trade-off
-# The seed froze ShuffleNetV2 at four levels and found that heavy freezing cost more accuracy than it
-# saved time. Read literally, the claim is: the share of accuracy lost is larger than the share of
+# ### 3.2 A popular claim: heavy freezing costs more than it saves
+# Read literally, the rule of thumb says: at `heavy` the share of accuracy lost is larger than the share of
 # step time saved, and the loss is more than test-set noise. On this run:
 
 # %%
-print(lab.seed_tradeoff(sweep, "heavy"))
+print(lab.tradeoff_finding(sweep, "heavy"))
 
 # %% [markdown]
-# Whichever way it came out, the answer belongs to a model and a pair of tasks: freezing costs most
-# when the pretraining data is far from the new task (the frozen features do not fit) and least when
-# the tasks are close. This notebook's model is not the seed's ShuffleNetV2; labkit ships offline
-# weights for it too, and `lab.level_sweep(cfg.replace(model="shufflenet_v2_x0_5"))` repeats the sweep
-# on it (several minutes at `quick` on a CPU). A level is a knob to measure, not a rule; the panel below reruns
-# any level for more steps or another learning rate.
+# The claim may hold (a loss beyond noise, larger in share than the time saved), hold only in part (a real
+# loss, but a smaller share than the time saved: worth it or not, depending on what the last points are
+# worth to you), or fail (the loss is within noise, so the time saved came free); when the frozen run was no
+# faster than the unfrozen run's fastest steps, the times cannot judge it. The answer belongs to a model and
+# a pair of tasks: freezing costs most when the pretraining data is far from the new task. A level is a knob
+# to measure, not a rule.
 #
 # ## 4. BatchNorm in frozen stages
-# What if the frozen stages' BatchNorm layers are left in training mode, as `requires_grad_(False)`
-# alone leaves them? The same `head_only` fine-tune, both ways:
+# What if the frozen stages' BatchNorm layers stay in training mode, as `requires_grad_(False)` alone leaves
+# them? The same `head_only` fine-tune, both ways:
 
 # %%
 demo = lab.batchnorm_demo(cfg, "head_only")
 print(demo.finding())
-demo.frame[["variant", "frozen_weight_change", "running_mean_change", "feature_change", "accuracy", "step_time_s"]]
+display.table(demo.frame, ["variant", "frozen_weight_change", "running_mean_change", "feature_change_fraction",
+                           "accuracy"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: kept in eval mode nothing frozen moves; with requires_grad_(False) alone the statistics do
 good, bad = demo.frame.iloc[0], demo.frame.iloc[1]
 assert demo.frame.error.isna().all() and good.frozen_weight_change == bad.frozen_weight_change == 0
-assert good.running_mean_change == 0 and good.feature_change == 0
-assert bad.running_mean_change > 0 and bad.feature_change > 1e-3
+assert good.running_mean_change == 0 and good.feature_change_fraction == 0
+assert bad.running_mean_change > 0 and bad.feature_change_fraction > 1e-3
 
 # %% [markdown]
-# No weight moved either way, yet the "frozen" stages computed something else by the end: their
-# running statistics followed the new data. Whether that helps or hurts accuracy depends on how far the
-# new data's statistics are from the pretraining data's and on the batch size (small batches give
-# noisy statistics); adapting them on purpose is a technique of its own (AdaBN). Either way the stages
-# are not frozen: features cached from them go stale, and the model you evaluate is not the one whose
-# head you trained.
+# No weight moved either way, yet the "frozen" stages compute something else by the end: their running
+# statistics followed the new data. Accuracy may come out the same within noise, lower (small batches give
+# noisy statistics), or higher, where adapting the statistics helps; that is a technique of its own
+# (AdaBN), to use on purpose. Either way the stages are not frozen, and features cached from them go stale.
 #
 # ## 5. Feature caching
-# With everything but the head frozen (and BatchNorm in eval mode), the body computes the same features
-# for an image in every epoch. So compute them **once**, keep them, and train the head on them: each
-# epoch then costs only the head. Below, head-only training runs both ways for three epochs, from the
-# same start on the same batches.
+# With everything but the head frozen (and BatchNorm in eval mode), the body computes the same features for
+# an image in every epoch. So compute them **once** and train the head on them: an epoch then costs only the
+# head. Head-only training runs both ways for three epochs, from the same start on the same batches.
 #
-# **Predict first:** how many times faster is an epoch on the cached features than an epoch through the
-# network?
+# **Predict first:** how many times faster is an epoch on the cached features than through the network?
 
 # %%
 guess_cache_speedup = None  # YOUR GUESS: epoch time through the network / on the cache, e.g. 3
@@ -252,26 +232,24 @@ acc = caching.frame.accuracy
 assert abs(acc[0] - acc[1]) <= labkit.measure.accuracy_noise(acc.mean(), P.test_size)
 
 # %% [markdown]
-# The cache costs memory (one feature map per training image) and one pass over the data to build; it
-# works only while the features do not change, so not with data augmentation (a new crop is a new
-# input) and not when any stage before the head trains. That is why linear probing (a head trained on
-# frozen features) is often run on cached features as a cheap first look at a pretrained model.
+# Both ways train the same head on the same features, so their accuracies match up to float rounding. The
+# cache costs memory (one feature map per training image) and one pass to build, and works only while the
+# features do not change: not with data augmentation, and not when a stage before the head trains. Linear
+# probing (a head on frozen features) often runs on cached features, as a cheap first look at a model.
 #
 # ## 6. Gradual unfreezing and discriminative learning rates
-# Two refinements between the fixed levels (Howard & Ruder 2018, ULMFiT):
-# **gradual unfreezing** starts at `head_only` and thaws one stage from the top every few steps, so that
-# the new head settles before it sends large gradients into the pretrained stages;
-# **discriminative learning rates** train everything, but each stage at `decay` times the learning rate
-# of the stage above it (`freezing.discriminative_param_groups`; 1/2.6 per stage, ULMFiT's factor), so
-# that early stages move slowly. Both run for the same steps as the fixed levels:
+# Two refinements between the fixed levels (Howard & Ruder 2018, ULMFiT). **Gradual unfreezing** starts at
+# `head_only` and thaws one stage from the top every few steps, so the new head settles before it sends
+# large gradients into the pretrained stages. **Discriminative learning rates** train everything, each stage
+# at `decay` times the learning rate of the stage above it (`freezing.discriminative_param_groups`; 1/2.6,
+# ULMFiT's factor). Both run for the same steps as the fixed levels:
 
 # %%
 schedules = lab.schedule_runs(cfg, sweep)
 print(lab.schedule_finding(schedules, P.test_size))
-plots.bars(schedules, x="setup", ys=["accuracy", "mean_step_time_s"]);
-
-# %%
-schedules[["setup", "kind", "accuracy", "mean_step_time_s", "num_trainable_params", "peak_memory_bytes", "schedule"]]
+plots.bars(schedules, x="setup", ys=["accuracy", "mean_step_time_s"])
+display.table(schedules, ["setup", "kind", "accuracy", "mean_step_time_s", "num_trainable_params",
+                          "peak_memory_bytes", "schedule"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every schedule ran and ended with the whole network training, optimizer state included
@@ -281,16 +259,13 @@ assert (sc.num_trainable_params[list(lab.SCHEDULES)] == sc.num_trainable_params[
 assert sc.mem_optimizer_state_bytes["gradual unfreezing"] == sc.mem_optimizer_state_bytes["none"]
 
 # %% [markdown]
-# A gradual schedule is cheaper than training everything while stages are still frozen and costs
-# the same once they have thawed; its memory (measured on one extra step at its end) is the full
-# fine-tune's. Whether either refinement beats a fixed level depends on the number of steps and the
-# learning rate: with few steps, gradual unfreezing leaves the early stages little time to adapt, and a
-# decayed learning rate moves them little. The printed lines say what happened here; try more steps in
-# the panel.
+# A gradual schedule is cheaper than full fine-tuning while stages are frozen; its memory (measured on one
+# extra step at its end) is the full fine-tune's. Whether a refinement beats a fixed level depends on the
+# steps and the learning rate: with few steps, the early stages have little time to adapt.
 #
 # ## 7. Your turn: the panel
-# Choose a freezing level, the number of steps and the learning rate, and press **Run**. Each run adds
-# bars for its step time, its memory by category and its accuracy, next to the runs before it.
+# Choose a freezing level, the steps and the learning rate, and press **Run**. Each run adds bars for its
+# step time, its memory by category and its accuracy, next to the runs before it.
 
 # %%
 panel = ExperimentPanel(
@@ -304,36 +279,36 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | "frozen" layers still change; cached features go stale | their BatchNorm layers are in training mode (`requires_grad_(False)` alone, then `model.train()`) | keep frozen BatchNorm in eval mode (labkit's `freeze` does); compare `running_mean` before and after |
-# | optimizer state as large as before | the optimizer took steps before the freeze: the state it made for the now-frozen parameters stays | freeze first, then build the optimizer over the `requires_grad` parameters (or rebuild it after freezing) |
-# | frozen stages still get gradients | frozen between a forward pass and its backward (the graph was already recorded); a weight shared with a trainable layer | freeze before the forward pass; check `p.grad is None` after a step |
-# | no speed-up | the frozen stages sit after trainable ones (their input gradients are still needed); a tiny model bound by kernel launches | freeze a prefix; measure the backward FLOPs |
-# | memory barely drops | the frozen forward still needs working memory; weights stay | expected: gradients, optimizer state and saved activations go, the rest stays |
-# | accuracy far lower at `head_only` | the frozen features do not fit the new task | freeze less, unfreeze gradually, or train longer at a lower lr |
+# | "frozen" layers still change | their BatchNorm layers are in training mode | keep frozen BatchNorm in eval mode |
+# | optimizer state as large as before | the optimizer made state before the freeze | freeze first, then build it |
+# | frozen stages still get gradients | frozen after the forward pass recorded its graph | freeze before the forward |
+# | no speed-up | frozen stages after trainable ones; a tiny model bound by kernel launches | freeze a prefix |
+# | memory barely drops | the frozen forward still needs working memory; weights stay | expected |
+# | accuracy far lower at `head_only` | the frozen features do not fit the new task | freeze less, unfreeze gradually |
 
 # %% [markdown]
 # ## Going further
-# - **Adapters and LoRA** (a later notebook) train small added matrices instead of a subset of layers: a
-#   frozen backbone with a trainable low-rank update in every layer.
-# - torchvision's detection models use `FrozenBatchNorm2d`, BatchNorm with its statistics and affine
-#   parameters turned into fixed buffers: the eval-mode behaviour by construction.
-# - **Linear probing, then fine-tuning** (LP-FT, Kumar et al. 2022): train the head on frozen features
-#   first, then everything; fine-tuning with a random head distorts the pretrained features more.
-# - `torch.no_grad()` around the frozen prefix gives the same savings as `requires_grad_(False)` for that
-#   part of the forward pass, and is what feature extraction uses.
+# - **Another model.** `lab.level_sweep(cfg.replace(model="shufflenet_v2_x0_5"))` repeats the sweep on
+#   ShuffleNetV2 (offline weights ship with labkit; several minutes at `quick` on a CPU). Its depthwise
+#   convolutions show a FLOP counter quirk: torch counts a grouped convolution's weight gradient at `groups`
+#   times its forward FLOPs, so the measured backward exceeds the layer-by-layer count by exactly the
+#   sweep's `counter_overcount_flops`.
+# - **Adapters and LoRA** (notebook 08) train small added matrices in every layer of a frozen backbone.
+# - torchvision's detection models use `FrozenBatchNorm2d`: BatchNorm with fixed buffers, eval mode by
+#   construction.
+# - **Linear probing, then fine-tuning** (LP-FT, Kumar et al. 2022): train the head on frozen features first,
+#   then everything; a random head distorts the pretrained features more.
 
 # %% [markdown]
 # ## Summary
-# - Freezing is `p.requires_grad_(False)` on a stage's parameters **and** its BatchNorm layers kept in eval
-#   mode under `model.train()`; build the optimizer afterwards over the parameters that still train.
-#   `RunConfig(freeze="none" | "light" | "medium" | "heavy" | "head_only")` does both.
-# - A frozen **prefix** removes its whole backward pass and the activations autograd would keep for it;
-#   the first trainable layer computes no input gradient. The forward pass stays, so a step's FLOPs
-#   cannot fall below about a third.
-# - Gradients and optimizer state shrink with the trainable parameters: at `head_only` almost to nothing.
-# - What freezing costs in accuracy depends on how close the tasks are: measure it (section 3.2).
-# - With only the head training, cache the frozen features and train the head on them; gradual
-#   unfreezing and discriminative learning rates sit between the fixed levels.
+# - Freezing is `p.requires_grad_(False)` **and** BatchNorm kept in eval mode under `model.train()`; build the
+#   optimizer afterwards. `RunConfig(freeze=...)` does both.
+# - A frozen **prefix** removes its whole backward pass and the activations kept for it; the forward stays,
+#   so a step's FLOPs cannot fall below about a third.
+# - Gradients and optimizer state shrink with the trainable parameters.
+# - What freezing costs in accuracy depends on how close the tasks are: measure it.
+# - With only the head training, cache the frozen features; gradual unfreezing and discriminative learning
+#   rates sit between the fixed levels.
 
 # %% [markdown]
 # ## Further reading

@@ -70,7 +70,7 @@ METRICS: dict[str, Metric] = {
     "inference_peak_bytes": _m("inference peak memory", BYTES),
     "val_accuracy": _m("validation accuracy", "%", 100.0),
     "test_accuracy": _m("test accuracy", "%", 100.0),
-    "sparsity": _m("sparsity (zero weights)", "%", 100.0),
+    "sparsity": _m("sparsity", "%", 100.0),
     "amount": _m("amount pruned", "%", 100.0),
     "params_removed": _m("parameters removed or zeroed", "%", 100.0),
     "flops": _m("FLOPs per forward", "GFLOP", 1e-9),
@@ -111,7 +111,8 @@ METRICS: dict[str, Metric] = {
 
 
 def metric(column: str) -> Metric:
-    """The `Metric` of ``column``: known columns from `METRICS`, else by its suffix (``_bytes``, ``_s``), else raw.
+    """The `Metric` of ``column``: known columns from `METRICS`, else by its suffix (``_bytes``, ``_s``), else its
+    name as it is (a model name such as ``small_cnn`` keeps its underscores).
 
     Example:
         >>> metric("peak_memory_bytes")
@@ -125,7 +126,7 @@ def metric(column: str) -> Metric:
                                 ("_s", "s", 1.0), ("_share", "%", 100.0), ("_fraction", "%", 100.0)):
         if column.endswith(suffix):
             return Metric(name[: -len(suffix)].strip(), unit, scale)
-    return Metric(name, "", 1.0)
+    return Metric(column, "", 1.0)
 
 
 def scaled(column: str, values=()) -> Metric:

@@ -1,11 +1,13 @@
 """labkit.labs.pruning: notebook 04's experiments measure what they say, on a tiny seeded fine-tune."""
 
+import pandas as pd
 import pytest
 import torch
 
 from labkit import measure, results
 from labkit.errors import ConfigError
 from labkit.labs import pruning as lab
+from labkit.labs.pruning import channels
 from labkit.techniques import pruning
 
 
@@ -48,9 +50,28 @@ def test_the_puzzle_zeros_change_neither_size_nor_memory(cfg):
     assert (frame.size_with_masks_bytes > 1.8 * frame.model_size_bytes).all()
     assert frame.sparsity.iloc[1] == pytest.approx(0.5, abs=0.01)
     assert frame.nonzero_params.iloc[1] < 0.55 * frame.nonzero_params.iloc[0]
+    assert (frame.latency_p10_ratio <= 1).all() and (frame.latency_p90_ratio >= 1).all()  # the band holds 1x
     text = lab.puzzle_finding(frame)
-    assert "(no change)" in text and "weight_orig and weight_mask" in text
-    assert f"{frame.masks_size_ratio.iloc[1]:.2f}x the dense one" in text
+    assert text.startswith("At 50% zeros the file is 1.00x the dense one (")
+    assert f"({frame.masks_size_ratio.iloc[1]:.2f}x with the masks attached)" in text
+    assert "timing noise" in text and "\n" not in str.__str__(text)
+
+
+def _puzzle_frame(latency_ratios, band=(0.9, 1.1), accuracies=(0.80, 0.82, 0.70)):
+    return pd.DataFrame({"amount": [0.0, 0.4, 0.8], "sparsity": [0.0, 0.4, 0.8], "size_ratio": 1.0,
+                         "masks_size_ratio": [2.0] * 3, "peak_ratio": 1.0, "latency_ratio": latency_ratios,
+                         "latency_p10_ratio": band[0], "latency_p90_ratio": band[1], "test_accuracy": accuracies})
+
+
+@pytest.mark.parametrize("latency_ratios, accuracies, verdict", [
+    ([1.0, 0.97, 1.05], (0.80, 0.82, 0.70), "within the dense model's timing noise (0.90x-1.10x): "
+                                            "unchanged; test accuracy 80.0% -> 70.0%, highest at 40% (82.0%)"),
+    ([1.0, 1.30, 1.02], (0.80, 0.78, 0.70), "partly outside the dense model's timing noise (0.90x-1.10x)"),
+    ([1.0, 1.0, 1.0], (0.80, 0.78, 0.70), "never above the unpruned model."),
+])
+def test_the_puzzle_finding_calls_a_latency_change_real_only_outside_the_measured_spread(latency_ratios, accuracies,
+                                                                                         verdict):
+    assert verdict in lab.puzzle_finding(_puzzle_frame(latency_ratios, accuracies=accuracies))
 
 
 def test_accuracy_is_measured_on_validation_or_test_only(cfg):
@@ -68,7 +89,9 @@ def test_sparse_storage_pays_only_at_high_sparsity(cfg):
     assert lab.break_even(frame, "csr_bytes") == pytest.approx(0.95, abs=0.01)  # 50 % is not enough for CSR either
     assert lab.storage_numbers(frame)["coo_predicted"] == pytest.approx(8 / 9)
     assert len(lab.storage_long(frame, "bytes")) == 9 and len(lab.storage_long(frame, "time")) == 6
-    assert "COO took fewer bytes than dense from 95% zeros on" in lab.storage_finding(frame)
+    text = lab.storage_finding(frame)
+    assert text.startswith("block3.1.0 (128x128x3x3): COO took fewer bytes than dense from 95% zeros (predicted 89%)")
+    assert "the CSR matmul" in text and "call-to-call spread" in text
     with pytest.raises(ConfigError, match=r"what='speed' is not allowed"):
         lab.storage_long(frame, "speed")
 
@@ -104,8 +127,10 @@ def test_compared_schemes_remove_the_same_share_of_weights(cfg):
     assert compared.sparsity["unpruned"] == 0
     for scheme in ("per-layer (from the scan)", "uniform", "global"):
         assert compared.sparsity[scheme] == pytest.approx(target, abs=0.005), scheme
-    scan = lab.sensitivity_scan(cfg, sparsities=(0.9,))
-    assert "Chosen: block3.1.0 90%, block3.0.0 50%." in lab.ratios_finding(scan, compared.reset_index(), ratios)
+    assert lab.ratios_line(ratios) == "Chosen per layer: block3.1.0 90%, block3.0.0 50%."
+    text = lab.ratios_finding(compared.reset_index())
+    assert text.startswith(f"At {compared.sparsity['uniform']:.0%} of all weights: ")
+    assert "within the test noise" in text or "beyond the test noise" in text
 
 
 def test_structured_pruning_shrinks_the_model_and_recovery_trains_it(cfg, monkeypatch):
@@ -115,10 +140,11 @@ def test_structured_pruning_shrinks_the_model_and_recovery_trains_it(cfg, monkey
     def spy(model, run_cfg, steps, **kwargs):
         before = [p.detach().clone() for p in model.parameters()]
         result = recover(model, run_cfg, steps, **kwargs)
-        trained.append((steps, result.steps, any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))))
+        moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        trained.append((steps, result.steps, moved))
         return result
 
-    monkeypatch.setattr(lab, "recover", spy)
+    monkeypatch.setattr(channels, "recover", spy)
     frame = lab.structured(cfg, amount=0.5, recovery_steps=5)
     by = frame.set_index("model")
     assert list(frame.model) == ["dense", "pruned", "pruned + BN re-estimated", "pruned + recovery"]
@@ -128,7 +154,7 @@ def test_structured_pruning_shrinks_the_model_and_recovery_trains_it(cfg, monkey
     assert (frame.cpu_latency_s == frame.latency_s).all()  # on a CPU run the two are one measurement
     text = lab.structured_finding(frame)
     assert f"{by.num_params['dense'] / by.num_params['pruned']:.1f}x fewer parameters" in text
-    assert "after 5 recovery steps" in text
+    assert "after 5 recovery steps test accuracy is" in text and "timing noise" in text
 
 
 def test_the_own_flops_numbers_pick_the_conv_that_shrank_most(cfg):
@@ -144,19 +170,33 @@ def test_the_own_flops_numbers_pick_the_conv_that_shrank_most(cfg):
         lab.flops_numbers(model, slim, "head.2")
 
 
-def test_seed_repeats_count_the_images_gained_and_lost(cfg):
-    frame = lab.seed_repeats(cfg, seeds=(0, 1), amounts=(0.3, 0.8))
+def test_repeats_count_the_images_gained_and_lost(cfg):
+    frame = lab.repeats(cfg, seeds=(0, 1), amounts=(0.3, 0.8))
     assert len(frame) == 4 and set(frame.seed) == {0, 1}
     test_size = len(lab._splits(cfg)["test"])
     assert ((frame.gained - frame.lost) / test_size - frame.delta).abs().max() < 1e-9
     summary = lab.rise_summary(frame)
-    assert list(summary.seeds) == [2, 2] and summary.mean_delta.tolist() == pytest.approx(
+    assert list(summary.seeds) == [2, 2] and summary.accuracy_change.tolist() == pytest.approx(
         frame.groupby("amount").delta.mean().tolist())
-    assert "Over 2 seeds x 2 amounts" in lab.rise_finding(frame)
+    assert lab.rise_finding(frame).startswith("Over 2 seeds x 2 amounts, accuracy rose in ")
     with pytest.raises(ConfigError, match=r"seeds=\[0\] is not allowed: at least two different seeds"):
-        lab.seed_repeats(cfg, seeds=(0,))
+        lab.repeats(cfg, seeds=(0,))
+    with pytest.raises(ConfigError, match=r"seeds=\[3, 3\] is not allowed: at least two different seeds"):
+        lab.repeats(cfg, seeds=(3, 3))
     with pytest.raises(ConfigError, match=r"amounts=1.5 is not allowed: a fraction in \[0, 1\)"):
-        lab.seed_repeats(cfg, seeds=(5, 6), amounts=(1.5,))  # refused before seeds 5 and 6 are fine-tuned
+        lab.repeats(cfg, seeds=(5, 6), amounts=(1.5,))  # refused before seeds 5 and 6 are fine-tuned
+    assert len(lab.REPEAT_SEEDS["ci"]) == 2 and all(len(set(s)) >= 2 for s in lab.REPEAT_SEEDS.values())
+
+
+def _repeats_frame(deltas_by_seed):
+    return pd.DataFrame([{"seed": seed, "amount": 0.2, "delta": d, "unpruned_accuracy": 0.8, "gained": 1, "lost": 0}
+                         for seed, d in enumerate(deltas_by_seed)])
+
+
+def test_the_rise_finding_calls_a_rise_real_only_beyond_the_spread_between_seeds():
+    assert lab.rise_finding(_repeats_frame([0.004, -0.004, 0.008])).endswith(": chance.")
+    # a steady rise of 6 points on every seed: beyond twice its standard error and half the test noise
+    assert "possibly real" in lab.rise_finding(_repeats_frame([0.06, 0.061, 0.059]))
 
 
 @pytest.mark.parametrize("method", lab.METHODS)
@@ -197,7 +237,7 @@ def test_per_layer_sparsity_is_even_layer_wise_and_uneven_globally(cfg):
     model, _ = lab.fine_tuned(cfg)
     frame = lab.per_layer_sparsity(model, 0.8)
     assert list(frame.layer) == [name for name, _ in pruning.prunable_layers(model)]
-    assert frame.layer_scope.round(2).eq(0.8).all()
-    assert frame.global_scope.max() - frame.global_scope.min() > 0.1
-    overall = (frame.global_scope * frame.weights).sum() / frame.weights.sum()
+    assert frame.zeros_layer_scope_fraction.round(2).eq(0.8).all()
+    assert frame.zeros_global_scope_fraction.max() - frame.zeros_global_scope_fraction.min() > 0.1
+    overall = (frame.zeros_global_scope_fraction * frame.weights_params).sum() / frame.weights_params.sum()
     assert overall == pytest.approx(0.8, abs=1e-4)

@@ -47,7 +47,8 @@ EXERCISES.add(Exercise(
               "time through the network / total time with the cache)?"),
     numbers={"epoch_s": 40.0, "extract_s": 15.0, "cached_s": 0.5, "epochs": 10},
     solution="epochs * epoch_s / (extract_s + epochs * cached_s)",
-    hint="with the cache: the one-off extraction plus every epoch on the cache; without: every epoch through the network",
+    hint=("with the cache: the one-off extraction plus every epoch on the cache; without: every epoch through the "
+          "network"),
     rel_tol=0.01,
 ))
 
@@ -69,7 +70,13 @@ EXERCISES.add(Exercise(
 
 
 def param_groups_solution(model, lr, decay):
-    """Optimizer parameter groups: ``lr`` for the head, times ``decay`` for each stage further from it."""
+    """Optimizer parameter groups: ``lr`` for the head, times ``decay`` for each stage further from it.
+
+    Args:
+        model: a labkit model (its `labkit.models.named_stages`).
+        lr: the head's learning rate.
+        decay: the factor from one stage to the one below it.
+    """
     stages = models.named_stages(model)  # stem, ..., head
     groups = []
     for depth, (_name, stage) in enumerate(reversed(stages)):  # the head first: depth 0

@@ -54,7 +54,12 @@ EXERCISES.add(Exercise(
 
 
 def global_masks_solution(model, amount):
-    """One magnitude threshold for every Conv2d/Linear weight of ``model``: masks that zero ``amount`` of them all."""
+    """One magnitude threshold for every Conv2d/Linear weight of ``model``: masks that zero ``amount`` of them all.
+
+    Args:
+        model: the model.
+        amount: the share of all its Conv2d/Linear weights to remove.
+    """
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
     scores = torch.cat([m.weight.detach().abs().flatten() for _, m in layers])
     k = round(amount * scores.numel())  # how many weights go, rounded as torch.nn.utils.prune rounds

@@ -1,0 +1,148 @@
+"""Section 5 of notebook 05: with only the head training, the body's output computed once and the head trained
+on it, against head-only training through the whole network."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.utils.data import BatchSampler, RandomSampler
+
+from ... import data, measure, models, results, train
+from ...config import RunConfig
+from ...env import env_report
+from ...messages import worded
+from ...techniques.freezing import cache_features
+from ...techniques.precision import autocast
+from ...units import mib
+from ...validate import check_positive_int
+from .common import _duration
+
+
+@dataclass
+class FeatureCaching:
+    """`feature_caching`'s measurements: time per epoch both ways, the one-off extraction, and the accuracies.
+
+    Attributes:
+        frame: ``method``, ``epoch_time_s`` (median over the epochs), ``accuracy``. extract_s: building the cache.
+        cache_bytes: its size. head_weight_diff: the two heads' largest weight difference, relative.
+        epochs: epochs each way. epoch_times_s: method -> every epoch's time (None: not kept).
+    """
+
+    frame: pd.DataFrame
+    extract_s: float
+    cache_bytes: int
+    head_weight_diff: float
+    epochs: int
+    epoch_times_s: dict | None = None
+
+    @property
+    def speedup(self) -> float:
+        """Head-only epoch time through the network / epoch time on the cached features."""
+        by = self.frame.set_index("method")
+        return by.loc["through the network", "epoch_time_s"] / by.loc["cached features", "epoch_time_s"]
+
+    @worded
+    def finding(self) -> str:
+        """One line: how much faster an epoch on the cache was, and after how many epochs the cache paid."""
+        by = self.frame.set_index("method")
+        through, cached = by.loc["through the network", "epoch_time_s"], by.loc["cached features", "epoch_time_s"]
+        text = (f"An epoch took {_duration(through)} through the network and {_duration(cached)} on the cache "
+                f"({self.speedup:.1f}x faster")
+        if self.epoch_times_s:
+            clear = max(self.epoch_times_s["cached features"]) < min(self.epoch_times_s["through the network"])
+            text += ", every epoch" if clear else ", though not every epoch"
+        text += f"); building the cache took {_duration(self.extract_s)} and {mib(self.cache_bytes, '.3g')}, "
+        gain = through - cached
+        if gain <= 0:
+            return text + "so here it never pays."
+        even = self.extract_s / gain
+        total = self.extract_s + self.epochs * cached
+        return text + (f"so it paid for itself after {even:.2f} epochs ({_duration(total)} in all over {self.epochs} "
+                       f"epochs, against {_duration(self.epochs * through)}).")
+
+
+def _synchronized_time(device: torch.device, start: float) -> float:
+    measure.synchronize(device)
+    return time.perf_counter() - start
+
+
+def _head_step(trainer: train.Trainer, features: torch.Tensor, labels: torch.Tensor) -> None:
+    """The engine's step on a batch of cached body outputs: forward through the head only."""
+    with autocast(trainer.precision, trainer.device):
+        loss = F.cross_entropy(models.forward_head(trainer.model, features), labels)
+    trainer.scaler.scale(loss).backward()
+    trainer.scaler.step(trainer.optimizer)
+    trainer.scaler.update()
+    trainer.optimizer.zero_grad(set_to_none=True)
+
+
+def _caching_record(cfg: RunConfig, epochs: int) -> dict:
+    through = train.Trainer(cfg)
+    device = through.device
+    times_through = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for images, labels in through.loader:
+            through.step(images, labels)
+        times_through.append(_synchronized_time(device, start))
+
+    cached = train.Trainer(cfg)  # the same random seed: the same head to start from, the same batch order
+    split = cached.train_split
+    order = data.make_loader(split, batch_size=max(cfg.batch_size, 256), shuffle=False)
+    start = time.perf_counter()
+    features = cache_features(cached.model, (data.to_model_input(images, split, device, cfg.channels_last,
+                                                                 cfg.image_size) for images, _ in order))
+    extract_s = _synchronized_time(device, start)
+    labels_all = split.labels.to(device)
+    batches = BatchSampler(RandomSampler(range(len(split)), generator=torch.Generator().manual_seed(cfg.seed)),
+                           cfg.batch_size, drop_last=True)  # the order the Trainer's loader draws
+    times_cached = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for indices in batches:
+            index = torch.as_tensor(indices, device=device)
+            _head_step(cached, features[index], labels_all[index])
+        times_cached.append(_synchronized_time(device, start))
+
+    test = through.splits["test"]
+    heads = [dict(models.named_stages(t.model))["head"] for t in (through, cached)]
+    pairs = list(zip(heads[0].parameters(), heads[1].parameters(), strict=True))
+    largest = max(float(a.detach().abs().max()) for a, _ in pairs)
+    diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in pairs) / largest
+    accuracy = [train.evaluate(t.model, test, cfg, device, t.precision) for t in (through, cached)]
+    return {"epoch_times_through_s": times_through, "epoch_times_cached_s": times_cached, "extract_s": extract_s,
+            "cache_bytes": features.untyped_storage().nbytes(), "head_weight_diff": diff,
+            "accuracy_through": accuracy[0], "accuracy_cached": accuracy[1], "steps_per_epoch": len(through.loader)}
+
+
+def feature_caching(cfg: RunConfig, epochs: int = 3, refresh: bool = False) -> FeatureCaching:
+    """Head-only training two ways, ``epochs`` epochs each from the same start on the same batches.
+
+    Through the whole (frozen) network every step, and on the body's output computed once (`cache_features`).
+    ``cfg`` runs at ``freeze="head_only"`` with one plain step (no warm-up, accumulation or clipping). Cached.
+
+    Args:
+        cfg: the fine-tune.
+        epochs: epochs each way.
+        refresh: measure again.
+
+    Example:
+        >>> caching = feature_caching(cfg); print(caching.finding())
+    """
+    check_positive_int("epochs", epochs)
+    run = cfg.replace(freeze="head_only", lr_warmup_steps=0, grad_accum=1, grad_clip=None, max_steps=None, epochs=1)
+    key = f"{results.cache_key(run, env_report(cfg.device))}-feature-caching-{epochs}"
+    record = results.cached_record(key, lambda: _caching_record(run, epochs), refresh)
+    times = {"through the network": record["epoch_times_through_s"], "cached features": record["epoch_times_cached_s"]}
+    frame = pd.DataFrame([
+        {"method": "through the network", "epoch_time_s": statistics.median(times["through the network"]),
+         "accuracy": record["accuracy_through"]},
+        {"method": "cached features", "epoch_time_s": statistics.median(times["cached features"]),
+         "accuracy": record["accuracy_cached"]},
+    ])
+    return FeatureCaching(frame, record["extract_s"], record["cache_bytes"], record["head_weight_diff"], epochs, times)
