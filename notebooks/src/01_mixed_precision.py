@@ -1,28 +1,24 @@
 # %% [markdown]
 # # Mixed precision: fp16 with a GradScaler, bf16, and what they really save
 #
-# Training in 16-bit floats instead of 32-bit ones halves the bytes of every activation and lets GPUs
-# use their tensor cores. This notebook writes the mixed-precision training step in plain PyTorch, checks
-# it against labkit's, then runs the same fine-tune in **fp32**, **fp32 with TF32**, **fp16 with a
-# GradScaler** and **bf16**, and measures what each one changes.
+# Training in 16-bit floats instead of 32-bit ones halves the bytes of every activation and lets GPUs use their
+# tensor cores. This notebook writes the mixed-precision step in plain PyTorch, checks it against labkit's, then
+# runs the same fine-tune in **fp32**, **fp32 with TF32**, **fp16 with a GradScaler** and **bf16**.
 #
 # **You will learn**
-# 1. how fp32, fp16 and bf16 differ (range vs precision), and why fp16 needs a *GradScaler* and bf16 does not;
-# 2. the mixed-precision step itself: `autocast`, `scaler.scale(loss).backward()`, `unscale_` before
-#    clipping, `step`, `update`; and the TF32 switches;
-# 3. what mixed precision does to step time, peak memory and accuracy on *your* hardware;
-# 4. why the memory saving can look small: which parts stay in fp32, and how the saving grows with the batch;
-# 5. which operations autocast keeps in float32, and how to force a region of your own to float32;
-# 6. when channels_last helps, and which precision to choose on a T4, a P100, an A100 or a CPU.
+# 1. how fp32, fp16 and bf16 differ, and why fp16 needs a *GradScaler* and bf16 does not;
+# 2. the mixed-precision step (`autocast`, scale, `unscale_` before clipping, `step`, `update`) and TF32;
+# 3. what mixed precision does to step time, peak memory and accuracy on *your* hardware, and why the memory
+#    saving can look small;
+# 4. which ops autocast keeps in float32, and which precision to choose on a T4, a P100, an A100 or a CPU.
 #
-# **What you need:** notebook 00 (how labkit times and measures memory). A GPU with tensor cores (a
-# free T4) is where the speed-ups appear. On a CPU everything runs, but the speed comparison measures
-# this CPU's instruction set: without AVX512-FP16 or AMX-FP16, fp16 is emulated and much slower than fp32,
-# so the published speed-ups of section 3 stand in for a GPU's.
+# **What you need:** notebook 00 (how labkit times and measures memory). The speed-ups appear on a GPU with
+# tensor cores (a free T4). On a CPU everything runs, but section 3's speeds reflect its instruction set
+# (without AVX512-FP16 or AMX-FP16, fp16 is emulated and much slower), and its TF32 line shows only noise.
 
 # %%
 import labkit
-from labkit import equivalence, guesses, plots, views
+from labkit import display, equivalence, guesses, plots, views
 from labkit.labs import mixed_precision as lab, start_here  # lab: this notebook's experiments and findings
 from labkit.labs.mixed_precision import exercises  # this notebook's exercises: question, check, solution
 from labkit.techniques import precision
@@ -35,18 +31,19 @@ ENV
 
 # %% [markdown]
 # ## 1. Three formats
-# A floating-point number spends its bits on an **exponent** (the range) and a **mantissa** (the
-# precision). fp16 spends few on the exponent: it is precise near 1 but overflows above 65504, and a
-# number smaller than about 6e-8 (its smallest value) is rounded to 0 or to that value, losing all its
-# digits. bf16 keeps fp32's exponent (the same range) and gives up mantissa bits instead. The table is read from `torch.finfo`:
+# A floating-point number spends its bits on an **exponent** (the range) and a **mantissa** (the precision).
+# fp16 spends few on the exponent: it is precise near 1 but overflows above 65504, and a number below about
+# 6e-8 rounds to 0. bf16 keeps fp32's exponent (the same range) and gives up mantissa bits instead
+# (read from `torch.finfo`):
 
 # %%
-lab.formats()
+display.table(lab.formats(), ["format", "exponent bits", "mantissa bits", "max", "smallest normal",
+                              "smallest subnormal", "eps (precision near 1)"])
 
 # %% [markdown]
-# Three lines show both of fp16's problems, and the fix for the first one: a gradient of 1e-8 is fine in
-# float32, becomes 0 in fp16, and survives when it is multiplied by $2^{16}$ first and divided again in
-# float32. That multiply-then-divide is all a GradScaler does (section 5 counts it on a real batch).
+# Three lines show both of fp16's problems, and the fix for the first: a gradient of 1e-8 becomes 0 in fp16,
+# and survives when it is multiplied by $2^{16}$ first and divided again in float32. That is all a GradScaler
+# does (section 5 counts it on a real batch).
 
 # %%
 import torch
@@ -56,22 +53,20 @@ print(f"fp16: {tiny.half().item():g}; scaled by 2**16 first: {(tiny * 2**16).hal
 print(f"fp16 of 70000 (above its largest value, 65504): {torch.tensor(70000.0).half().item()}")
 
 # %% [markdown]
-# *Mixed* precision means that, under `torch.autocast`, matrix multiplies and convolutions are cast to
-# 16 bits, the cheap ops after them (ReLU, additions) simply run on the 16-bit results, and
-# precision-sensitive ops are kept in float32 (section 6). The weights, their gradients and the optimizer
-# keep float32 (the "master weights"). fp16's narrow range adds one more piece, the **GradScaler**: it multiplies the loss by a
-# large factor $s$ before `backward()`, so that small gradients do not round to zero in fp16, and divides
-# the gradients by $s$ before the optimizer step:
+# *Mixed* precision means that under `torch.autocast` matrix multiplies and convolutions run in 16 bits, cheap
+# ops after them (ReLU, additions) run on the 16-bit results, and precision-sensitive ops stay float32
+# (section 6). Weights, gradients and optimizer state stay float32 (the "master weights"). For fp16, the
+# **GradScaler** multiplies the loss by a large factor $s$ before `backward()` and divides the gradients by $s$
+# before the optimizer step:
 #
-# $$g = \frac{1}{s}\,\nabla_\theta\,(s \cdot L), \qquad s \leftarrow s/2 \text{ on an inf/NaN gradient (the step is skipped)}.$$
+# $$g = \frac{1}{s}\,\nabla_\theta\,(s \cdot L), \qquad s \leftarrow s/2 \text{ after an inf/NaN gradient}.$$
 
 # %% [markdown]
 # ## 2. The mixed-precision step
-# Here is the whole technique, as plain PyTorch you can paste into your own loop. The order matters:
-# the gradients must be **unscaled before clipping** (clipping the scaled ones would in effect clip
-# the true gradients at `max_norm / s`, far too tight), and `scaler.step` must replace `optimizer.step` (it skips the step when a
-# gradient overflowed). For bf16, pass `dtype=torch.bfloat16` and a disabled scaler
-# (`GradScaler(enabled=False)` passes every call straight through), so one function serves both.
+# The whole technique, as plain PyTorch you can paste into your own loop. The gradients must be **unscaled
+# before clipping** (clipping the scaled ones would clip the true gradients at `max_norm / s`), and
+# `scaler.step` replaces `optimizer.step` (it skips the step when a gradient overflowed). For bf16, pass
+# `dtype=torch.bfloat16` and `GradScaler(enabled=False)`, which passes every call straight through.
 
 # %%
 import torch.nn.functional as F
@@ -90,10 +85,9 @@ def amp_step(model, images, labels, optimizer, scaler, dtype=torch.float16, max_
 
 
 # %% [markdown]
-# In labkit all of this is one field: `RunConfig(precision="fp16")` turns on autocast and a GradScaler,
-# `precision="bf16"` autocast alone, `precision="auto"` picks for the hardware. The check below runs
-# `amp_step` and labkit's `Trainer.step` side by side from the same weights on the same batches and
-# compares the gradients the optimizer receives (`labkit.equivalence.compare_step`).
+# In labkit this is one field: `RunConfig(precision="fp16")` turns on autocast and a GradScaler, `"bf16"`
+# autocast alone, `"auto"` picks for the hardware. The check below runs `amp_step` and labkit's `Trainer.step`
+# from the same weights on the same batches and compares the gradients the optimizer receives.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # the plain step gives the optimizer the same gradients, weights and scale as labkit's Trainer.step
@@ -102,10 +96,10 @@ for name in dict.fromkeys(["fp16", LOW]):
     assert comparison.same(rel_tol=1e-4), (name, comparison)
 
 # %% [markdown]
-# **TF32**, the other switch of this notebook. On Ampere and newer GPUs, float32 matrix multiplies and
-# convolutions may run on tensor cores with a 10-bit mantissa. Two flags decide it; labkit sets both
-# before every run (`RunConfig(tf32=...)`) and records them, because PyTorch's defaults differ
-# (convolutions on, matmuls off):
+# **TF32**, the other switch: on Ampere and newer GPUs, float32 matmuls and convolutions may run on tensor
+# cores with a 10-bit mantissa. PyTorch's defaults differ (convolutions on, matmuls off), so a default "fp32"
+# CNN is partly TF32, which makes mixed-precision speed-ups look smaller. labkit sets both flags in every run
+# (`RunConfig(tf32=...)`) and records them:
 
 # %%
 torch.backends.cuda.matmul.allow_tf32 = False  # float32 matmuls: full float32 (True: TF32 on Ampere+)
@@ -122,15 +116,10 @@ assert labkit.env.tf32_state() == plain == {"matmul": False, "conv": False}
 
 # %% [markdown]
 # ## 3. The comparison
-# The baseline fine-tune of notebook 00, four times. TF32 is its own line: on Ampere and newer GPUs,
-# TF32 makes float32 matrix multiplies run on tensor cores with a 10-bit mantissa. A "float32" baseline
-# that silently used TF32 is a classic error: it makes every mixed-precision speed-up look smaller.
-# PyTorch's defaults already let cuDNN *convolutions* use TF32 on those GPUs, so a default "fp32" CNN is
-# partly TF32; labkit sets TF32 explicitly in each run (off for its fp32 line) and records it.
-
-# %% [markdown]
-# **Predict first.** Write down two guesses for the setup this machine would use, `LOW` (printed by the
-# next cell's first line): its peak memory as a fraction of fp32's, and its speed as a multiple of fp32's.
+# The baseline fine-tune of notebook 00, four times: fp32, fp32 + TF32, fp16 + GradScaler, bf16.
+#
+# **Predict first.** Two guesses for `LOW`, the setup this machine would use (printed first): its peak memory
+# as a fraction of fp32's, and its speed as a multiple of fp32's.
 
 # %%
 print(f"LOW here: {LOW}")
@@ -141,15 +130,16 @@ guess_speedup = None  # YOUR GUESS: fp32 step time / LOW step time, e.g. 2
 cfg = labkit.config.baseline(P)
 runs = lab.compare(cfg)  # fp32, fp32 + TF32, fp16 + GradScaler, bf16 (cached: a rerun is instant)
 df = lab.table(runs)
-ref = lab.table(labkit.load_reference("01_mixed_precision-compare*"))
-print(lab.summary(df, ENV))
+print(lab.summary(df))
 print(lab.tf32_finding(df, ENV))
 print(guesses.versus(guess_memory_fraction, lab.peak_fraction(df, LOW), f"{LOW} peak memory / fp32 peak memory"))
 print(guesses.versus(guess_speedup, lab.speedup(df, LOW), f"{LOW} speed / fp32 speed", "x"))
+ref = lab.table(labkit.load_reference("01_mixed_precision-compare*"))
 plots.bars(df, x="setup", ys=["step_time_s", "peak_memory_bytes", "accuracy"], reference=ref);
 
 # %%
-df[["setup", "step_time_s", "throughput", "peak_memory_bytes", "reserved_memory_bytes", "accuracy", "mfu"]]
+display.table(df, ["setup", "step_time_s", "step_time_p10_s", "step_time_p90_s", "peak_memory_bytes",
+                   "mem_activations_bytes", "accuracy"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # every setup ran, except possibly bf16 on a GPU without native bf16 (some pre-Ampere GPUs refuse it)
@@ -162,28 +152,21 @@ for low in by.index.intersection(["bf16", "fp16 + GradScaler"]):
     assert by.loc[low, "mem_activations_bytes"] < by.loc["fp32", "mem_activations_bytes"], low
 
 # %% [markdown]
-# How to read it. The sentences above are computed from this run. On a GPU with tensor cores, the
-# precisions they accelerate are usually faster than fp32 (fp16 on a T4 or V100; fp16 and bf16 on an
-# A100, L4 or H100), by more the larger the model and the batch; with a model as small as this one,
-# part of each step is fixed overhead that precision cannot speed up. On a P100 (no tensor cores) AMP
-# can be *slower*, and bf16 on a GPU before Ampere is emulated (slow) or, for some operations,
-# unsupported: the table then shows that run's error instead of a number. On a CPU the answer depends on the instruction set
-# (section 8 says what this one has): with AVX512-BF16 or AMX, bf16 can beat fp32; without fp16
-# arithmetic, fp16 is converted around float32 arithmetic and can be many times slower. labkit warns
-# when that happens instead of quietly running fp32. The hatched bars, when present, are reference
-# runs measured on real GPUs with `labkit bench`; none has been committed yet.
-#
-# Accuracy after the same steps should be close in every setup: mixed precision changes the rounding,
-# not the training. (A run in an emulated precision is cut short, and the summary says after how many
-# steps its accuracy was measured.)
+# How to read it. A setup is faster or slower only when its step times' 10-90% spread does not overlap fp32's.
+# On tensor-core GPUs the precisions they accelerate usually win (fp16 on a T4; fp16 and bf16 on an A100 or
+# H100), by more the larger the model and batch: part of each step is fixed overhead. On a P100 (no tensor
+# cores) AMP can be *slower*; bf16 before Ampere is emulated or refused (the table shows the error). On a CPU,
+# bf16 can beat fp32 with AVX512-BF16 or AMX; without fp16 arithmetic, fp16 is emulated and many times slower.
+# TF32 exists only on Ampere and later GPUs; elsewhere both fp32 lines do the same work. Accuracy should be
+# close in every setup: mixed precision changes the rounding, not the training (an emulated run is cut short,
+# and its line says so). Hatched bars, when present, are runs measured on real GPUs with `labkit bench`.
 
 # %% [markdown]
-# Published speed-ups, for comparison with yours (hatched, never measured by this lab): the PyTorch
-# AMP recipe expects "significant (2-3X) speedup" on tensor-core GPUs (Volta, Turing, Ampere) and "a
-# modest speedup" before them ([recipe](https://pytorch.org/tutorials/recipes/recipes/amp_recipe.html));
-# the T4's datasheet peaks, 65 TFLOP/s fp16 on tensor cores over 8.1 TFLOP/s fp32, bound what any model
-# could gain there ([datasheet](https://www.nvidia.com/en-us/data-center/tesla-t4/)). A small CNN stays
-# well below both: part of its step is fixed overhead that precision does not speed up.
+# Published speed-ups beside yours (hatched, never measured by this lab): the PyTorch AMP recipe expects
+# "significant (2-3X) speedup" on tensor-core GPUs and "a modest speedup" before them
+# ([recipe](https://pytorch.org/tutorials/recipes/recipes/amp_recipe.html)); the T4's datasheet peaks,
+# 65 TFLOP/s fp16 over 8.1 TFLOP/s fp32, bound what any model could gain there
+# ([datasheet](https://www.nvidia.com/en-us/data-center/tesla-t4/)).
 
 # %%
 live, published = lab.speedups(df, labkit.load_reference("01_mixed_precision-speedup-published*"))
@@ -191,22 +174,21 @@ plots.bar(live, x="setup", y="speedup_vs_fp32", reference=published);
 
 # %% [markdown]
 # ## 4. Where the memory goes
-# A common puzzle: "I switched on AMP and memory barely dropped." The breakdown shows why. Parameters,
-# gradients and AdamW's two moments stay float32: 16 bytes per parameter, whatever the precision. Only
-# the **activations** saved for the backward pass shrink (with the backward pass's temporary buffers,
-# "other"), and not all of them: ops that autocast runs in float32 (section 6) save float32 tensors. Autocast
-# also keeps 16-bit copies of the weights during the step, its cast cache (2 more bytes per parameter).
+# A complaint often seen on forums: "I switched on AMP and memory barely dropped". Parameters, gradients and
+# AdamW's two moments stay float32, 16 bytes per parameter in every setup. Only the **activations** saved for
+# the backward pass shrink (with the temporary buffers, "other"), and not all of them: ops autocast keeps in
+# float32 save float32 tensors. Autocast also caches 16-bit copies of the weights during the step (2 more
+# bytes per parameter).
 
 # %%
 print(start_here.memory(runs["bf16"]))
 plots.memory_breakdown(df, label="setup");
 
 # %% [markdown]
-# Two more reasons the saving can hide. First, on a GPU, **reserved** memory (what `nvidia-smi`
-# shows) stays where an earlier, larger peak left it: the caching allocator keeps freed blocks. Compare
-# `max_memory_allocated` after `reset_peak_memory_stats`, as labkit does. Second, activations grow with
-# the batch and the fixed part does not, so the saving grows with the batch size. A short run per
-# batch size is enough to measure memory:
+# Two more reasons the saving can hide. On a GPU, **reserved** memory (what `nvidia-smi` shows) stays where an
+# earlier, larger peak left it; compare `max_memory_allocated` after `reset_peak_memory_stats`, as labkit does.
+# And activations grow with the batch while the fixed part does not, so the saving grows with the batch. A
+# short run per batch size is enough to measure memory:
 
 # %%
 memory_cfg = cfg.replace(max_steps=P.warmup_steps + 4, evaluate=False)
@@ -226,17 +208,14 @@ assert saved.iloc[-1] > saved.iloc[0], "the saving grows with the batch"
 
 # %% [markdown]
 # ## 5. The GradScaler made visible
-# fp16 cannot hold numbers below about 6e-8. Gradients that small are common: a confident model has a
-# small loss and small gradients. Averaging the loss over $N$ samples (or tokens) also divides the gradient
-# that reaches each sample's *activations* by $N$: in fp16 those per-sample activation gradients are the
-# ones that underflow. The weight gradient sums them over the batch, so averaging does not shrink it.
-# Below, one batch goes through `backward()` three ways, and labkit counts the gradient elements that
-# are non-zero in float32 but came out exactly **zero** in fp16. The rows with `loss_multiplier` 0.001
-# multiply the loss by 1e-3 to stand for such a small loss.
+# Gradients below fp16's 6e-8 are common: a confident model has a small loss, and a loss averaged over $N$
+# samples divides the gradient reaching each sample's *activations* by $N$ (the weight gradient sums them
+# again). One batch goes through `backward()` three ways; labkit counts gradient elements non-zero in float32
+# but exactly **zero** in fp16. A `loss_multiplier` of 0.001 stands for a small loss.
 
 # %%
 under = lab.gradient_underflow(cfg, loss_multipliers=(1.0, 1e-3))
-under[["loss_multiplier", "run", "zeroed_gradients", "zeroed_fraction", "max_rel_error"]]
+display.table(under, ["loss_multiplier", "run", "zeroed_gradients", "zeroed_fraction", "max_rel_error"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: without scaling fp16 zeroes gradients that loss scaling keeps
@@ -245,44 +224,37 @@ assert small.loc["fp16, no scaling", "zeroed_gradients"] > small.iloc[2]["zeroed
 assert small.loc["fp32", "zeroed_gradients"] == 0
 
 # %% [markdown]
-# The scale itself is chosen on the fly. The GradScaler starts high, and whenever a scaled gradient
-# overflows (inf or NaN) it **skips** that optimizer step and halves the scale; after
-# `growth_interval` clean steps in a row it doubles it again. Here it starts at $2^{20}$ and may grow
-# every 4 steps, to make both moves visible in a short run (PyTorch's defaults are $2^{16}$ and 2000):
+# The scale is chosen on the fly: whenever a scaled gradient overflows (inf or NaN), the GradScaler **skips**
+# that optimizer step and halves the scale; after `growth_interval` clean steps in a row it doubles it. Here it
+# starts at $2^{20}$ and may grow every 4 steps, over half a fine-tune's steps, to show both moves in a short
+# run (PyTorch's defaults are $2^{16}$ and 2000):
 
 # %%
-trace = lab.scaler_trace(cfg, steps=P.max_steps, init_scale=2.0**20, growth_interval=4)
+trace = lab.scaler_trace(cfg, steps=P.max_steps // 2, init_scale=2.0**20, growth_interval=4)
 print(lab.scaler_finding(trace))
 plots.loss_scale(trace);
 
 # %% [markdown]
-# The scale first falls to a level the gradients tolerate, skipping a step each time it halves. With a
-# growth interval of 4 it then keeps probing upward and pays a skipped step whenever a probe overflows:
-# that is why PyTorch's default interval is 2000. A few skipped steps are harmless, but a run that skips
-# many trains less than its step count says (the printed count is this run's). bf16 has fp32's range:
-# no underflow of this kind, no scaler, no skipped steps.
+# The scale first falls to a level the gradients tolerate, skipping a step each time it halves. With a growth
+# interval of 4 it keeps probing upward and skips a step whenever a probe overflows: hence PyTorch's default of
+# 2000. A run that skips many steps trains less than its step count says. bf16 has fp32's range: no scaler.
 
 # %% [markdown]
 # ## 6. What autocast keeps in float32
-# Autocast does not run everything in 16 bits. It keeps three lists: ops it always runs in the low
-# precision (matrix multiplies, convolutions), ops it always runs in float32 because they are
-# sensitive to rounding (losses; on CUDA also softmax, layer norm, exp, sums), and the rest, which
-# follow their inputs. The lists differ between CPU and CUDA and between PyTorch versions, so labkit
-# asks the installed PyTorch instead of quoting a table:
+# Autocast keeps three lists: ops it always runs in low precision (matrix multiplies, convolutions), ops it
+# always runs in float32 because rounding hurts them (losses; on CUDA also softmax, layer norm, exp, sums), and
+# the rest, which follow their inputs. The lists differ between CPU and CUDA and between PyTorch versions, so
+# labkit asks the installed PyTorch:
 
 # %%
-lab.autocast_dtypes(ENV["device"], LOW)
+display.table(lab.autocast_dtypes(ENV["device"], LOW))
 
 
 # %% [markdown]
-# To force a region of your own model to float32 inside an autocast region, turn autocast off there with
-# a nested `torch.autocast(device_type, enabled=False)` **and** cast its inputs with `.float()`: with
-# autocast off, ops run in their inputs' dtype, so a 16-bit input would stay 16-bit. The decorator
-# `torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float32)` does the same, but only for the
-# `forward` of a custom `torch.autograd.Function` (old tutorials use the deprecated
-# `torch.cuda.amp.custom_fwd`). `labkit.techniques.precision.run_in_fp32(fn, *inputs)` is such a
-# Function: it keeps only the inputs and recomputes `fn` in the backward pass, trading time for memory.
-# Both give the same values and gradients:
+# To force a region to float32, nest `torch.autocast(device_type, enabled=False)` **and** cast its inputs with
+# `.float()` (with autocast off, ops run in their inputs' dtype). `torch.amp.custom_fwd(device_type=...,
+# cast_inputs=torch.float32)` does the same for a custom `autograd.Function`; `precision.run_in_fp32(fn, *inputs)`
+# is one, which recomputes `fn` in the backward pass to save memory. Both give the same values and gradients:
 
 # %%
 def logsumexp(t):  # a numerically sensitive piece
@@ -295,7 +267,8 @@ with torch.autocast(ENV["device"], dtype=precision.DTYPES[LOW]):
     with torch.autocast(ENV["device"], enabled=False):  # this region in float32
         forced = logsumexp(inside.float())
     via_labkit = precision.run_in_fp32(logsumexp, inside)
-print(f"matmul under autocast: {inside.dtype}; autocast off + .float(): {forced.dtype}; run_in_fp32: {via_labkit.dtype}")
+print(f"matmul under autocast: {inside.dtype}; autocast off + .float(): {forced.dtype}; "
+      f"run_in_fp32: {via_labkit.dtype}")
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: nested autocast + .float() and run_in_fp32 give the same values and gradients
@@ -305,22 +278,8 @@ assert forced.dtype == via_labkit.dtype == torch.float32 and torch.allclose(forc
 assert torch.allclose(grad_forced, grad_labkit, rtol=1e-3, atol=1e-6)
 
 # %% [markdown]
-# ## 7. channels_last
-# Convolutions on tensor cores want the channels as the fastest-moving dimension (NHWC). PyTorch's
-# default layout is NCHW, so cuDNN may transpose around every convolution. `RunConfig(channels_last=True)`
-# stores the model and inputs in channels_last; on a GPU with AMP this often helps convolutional nets,
-# and in fp32 it matters less. On a CPU the effect depends on the oneDNN kernels. Measured here:
-
-# %%
-layouts = labkit.sweep(cfg, precision=["fp32", LOW], channels_last=[False, True])
-print(lab.channels_last_finding(layouts))
-plots.bar(layouts, x="precision", y="step_time_s", hue="channels_last",
-          reference=labkit.load_reference("01_mixed_precision-layouts*"));
-
-# %% [markdown]
-# ## 8. Which precision here?
-# The advice below is computed from this machine's capabilities and from what the comparison in
-# section 3 measured.
+# ## 7. Which precision here?
+# The line below comes from this machine's capabilities and, on a CPU, from what section 3 measured.
 
 # %%
 print(lab.advice(ENV, df))
@@ -328,15 +287,18 @@ print(lab.advice(ENV, df))
 # %% [markdown]
 # | hardware | tensor cores | native bf16 | usual choice |
 # | --- | --- | --- | --- |
-# | P100 (6.0) | no | no | fp16 saves memory; its double-rate fp16 arithmetic may or may not beat fp32: measure |
+# | P100 (6.0) | no | no | fp16 saves memory; measure its speed |
 # | T4 (7.5), V100 (7.0) | fp16 | no (emulated) | fp16 + GradScaler |
 # | A100, L4, H100 (8.0+) | fp16, bf16, TF32 | yes | bf16 (no scaler) |
-# | CPU | no | with AVX512-BF16 / AMX | measure: bf16 with those instructions, else fp32 |
+# | CPU | no | with AVX512-BF16 / AMX | bf16 if measured faster, else fp32 |
+#
+# A P100 runs fp16 at twice its fp32 rate on paper, but autocast's casts and small kernels often eat that. On
+# a CPU, low precision is faster only with those instructions; memory shrinks either way.
 
 # %% [markdown]
-# ## 9. Your turn: the panel
-# Choose a precision, a batch size and a model, and press **Run**. Each run is added to the charts, so
-# you can compare, say, fp32 and bf16 at batch 256 on `resnet18`. Finished runs are cached.
+# ## 8. Your turn: the panel
+# Choose a precision, a batch size and a model, and press **Run**. Each run is added to the charts, so you can
+# compare, say, fp32 and bf16 at batch 256 on `resnet18`. Finished runs are cached.
 
 # %%
 panel = ExperimentPanel(
@@ -350,31 +312,43 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | AMP slower than fp32 | no tensor cores (P100, most CPUs), tiny batches, fp16 emulated on CPU | check the capability (section 8), larger batch, channels_last |
-# | memory looks unchanged with AMP | reading reserved memory / nvidia-smi; fixed part dominates | `max_memory_allocated` after `reset_peak_memory_stats`; larger batch |
-# | loss becomes NaN in fp16 | a forward value above 65504 overflowed | bf16 (fp32's range), or that op in float32 (section 6); a GradScaler only skips steps whose *gradients* overflowed |
+# | AMP slower than fp32 | no tensor cores (P100, most CPUs), tiny batches | check the capability, larger batch |
+# | memory looks unchanged with AMP | reading nvidia-smi; the fixed part dominates | allocated peak; larger batch |
+# | loss becomes NaN in fp16 | a forward value above 65504 overflowed | bf16, or that op in float32 (section 6) |
 # | fp16 training stalls, gradients zero | underflow below 6e-8 without loss scaling | GradScaler |
-# | a "fp32" baseline that is suspiciously fast on Ampere+ | TF32 on | set TF32 explicitly (`RunConfig(tf32=...)`) |
+# | an "fp32" baseline suspiciously fast on Ampere+ | TF32 on | set TF32 explicitly (`RunConfig(tf32=...)`) |
 # | bf16 very slow on a T4 | no native bf16 (capability < 8.0): emulated | fp16 + GradScaler |
+#
+# A GradScaler does not prevent a NaN loss: it only skips steps whose *gradients* overflowed.
 
 # %% [markdown]
 # ## Going further
-# - `torch.compile(model)` fuses the casts autocast inserts with the ops around them; under mixed
-#   precision that often removes much of the fixed overhead a small model pays.
-# - fp8 training (Ada and Hopper GPUs: L4, H100, and newer) goes one step further, with per-tensor scales instead of one loss
-#   scale: NVIDIA's Transformer Engine and torchao's `float8` training.
-# - `torch.set_float32_matmul_precision("high")` is another way to allow TF32 for matmuls (not for
-#   convolutions); labkit sets both flags explicitly instead.
+# **channels_last.** Convolutions on tensor cores want the channels as the fastest-moving dimension (NHWC);
+# PyTorch's default is NCHW, so cuDNN may transpose around every convolution. `RunConfig(channels_last=True)`
+# stores the model and inputs that way; on a GPU with AMP it often helps convolutional nets, in fp32 less, and on
+# a CPU it depends on the oneDNN kernels. Measured here:
+
+# %%
+layouts = labkit.sweep(cfg, precision=["fp32", LOW], channels_last=[False, True])
+print(lab.channels_last_finding(layouts))
+plots.bar(layouts, x="precision", y="step_time_s", hue="channels_last",
+          reference=labkit.load_reference("01_mixed_precision-layouts*"));
+
+# %% [markdown]
+# - `torch.compile(model)` fuses the casts autocast inserts with the ops around them, which removes much of the
+#   fixed overhead a small model pays.
+# - fp8 training (L4, H100 and newer) uses per-tensor scales instead of one loss scale: NVIDIA's Transformer
+#   Engine, torchao's `float8` training.
+# - `torch.set_float32_matmul_precision("high")` also allows TF32, for matmuls only.
 
 # %% [markdown]
 # ## Summary
-# - Mixed precision runs matmuls and convolutions in 16 bits; weights, gradients and optimizer state
-#   stay float32, so the memory saving is in the activations and grows with the batch.
-# - The step is autocast around the forward and the loss, then `scaler.scale(loss).backward()`,
-#   `unscale_` before clipping, `scaler.step`, `scaler.update`: the same code serves bf16 with a disabled scaler.
-# - fp16 needs a GradScaler (underflow, then overflow handling); bf16 has fp32's range and needs none.
-# - Whether it is faster depends on the hardware: measure, as this notebook did, and compare against a
-#   true fp32 baseline with TF32 stated.
+# - Mixed precision runs matmuls and convolutions in 16 bits; weights, gradients and optimizer state stay
+#   float32, so the saving is in the activations and grows with the batch.
+# - The step: autocast around forward and loss, `scaler.scale(loss).backward()`, `unscale_` before clipping,
+#   `scaler.step`, `scaler.update`; bf16 uses the same code with a disabled scaler.
+# - fp16 needs a GradScaler; bf16 has fp32's range and needs none.
+# - Whether it is faster depends on the hardware: measure against a true fp32 baseline with TF32 stated.
 
 # %% [markdown]
 # ## Further reading
@@ -405,9 +379,8 @@ def my_amp_step(model, images, labels, optimizer, scaler, dtype, max_norm=1.0):
 exercises.check("01.amp_step", my_amp_step)
 
 # %% [markdown]
-# The next one uses **your own** comparison from section 3. Then reason about it: the printed line under
-# the check compares your answer with the measured saving. Which categories of the breakdown in section 4
-# explain the difference, and would it grow or shrink at a larger batch?
+# The next one uses **your own** comparison from section 3; the line under the check gives the measured saving.
+# Which categories of section 4's breakdown explain the difference, and would it grow at a larger batch?
 
 # %%
 mine = lab.own_saving_numbers(df, LOW)  # your fp32 and LOW runs, from section 3

@@ -62,7 +62,7 @@ def _bench_01(cfg: RunConfig) -> list[Part]:
     memory_cfg = cfg.replace(max_steps=prof.warmup_steps + 4, evaluate=False)
     memory = [memory_cfg.replace(precision=p, batch_size=b) for p in ("fp32", low) for b in prof.batch_sizes]
     layouts = [cfg.replace(precision=p, channels_last=c) for p in ("fp32", low) for c in (False, True)]
-    trace = mixed_precision.scaler_trace(cfg, steps=prof.max_steps, init_scale=2.0**20, growth_interval=4)
+    trace = mixed_precision.scaler_trace(cfg, steps=prof.max_steps // 2, init_scale=2.0**20, growth_interval=4)
     return [
         Part("compare", list(mixed_precision.compare(cfg).values())),
         Part("memory", run_configs(memory)),

@@ -63,14 +63,16 @@ def _frame(rows):
     return pd.DataFrame(rows)
 
 
-def _row(setup, step_time_s, peak, accuracy=0.5, **extra):
+def _row(setup, step_time_s, peak, accuracy=0.5, spread=0.1, **extra):
     precision_name, tf32 = mixed_precision.SETUPS[setup]["precision"], mixed_precision.SETUPS[setup]["tf32"]
     return {"precision": precision_name, "precision_used": precision_name, "tf32": tf32, "step_time_s": step_time_s,
-            "peak_memory_bytes": peak, "accuracy": accuracy, "error": None, **extra}
+            "step_time_p10_s": step_time_s * (1 - spread), "step_time_p90_s": step_time_s * (1 + spread),
+            "peak_memory_bytes": peak, "accuracy": accuracy, "error": None, "profile": "quick", **extra}
 
 
 def test_table_labels_live_and_reference_rows_alike(tiny_cfg):
-    runs = mixed_precision.compare(tiny_cfg.replace(evaluate=False), setups={k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")},
+    two = {k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")}
+    runs = mixed_precision.compare(tiny_cfg.replace(evaluate=False), setups=two,
                              progress=False)
     df = mixed_precision.table(runs)
     assert list(df.setup) == ["fp32", "bf16"]
@@ -82,47 +84,61 @@ def test_table_labels_live_and_reference_rows_alike(tiny_cfg):
 def test_summary_states_ratios_and_savings():
     MiB = 2**20
     df = _frame([_row("fp32", 0.040, 40 * MiB, 0.70), _row("bf16", 0.020, 30 * MiB, 0.69),
-                 _row("fp16 + GradScaler", 0.080, 30 * MiB)])
+                 _row("fp16 + GradScaler", 0.080, 30 * MiB), _row("fp32 + TF32", 0.030, 40 * MiB)])
     text = mixed_precision.summary(df).splitlines()
-    assert text[0] == ("bf16: 2.00x the speed of fp32 (faster) (20.0 vs 40.0 ms per step); peak memory 30.0 vs 40.0 "
-                       "MiB (25% less); accuracy 69.0% vs 70.0%.")
-    assert text[1].startswith("fp16 + GradScaler: 0.50x the speed of fp32 (slower)")
+    assert text == ["fp16 + GradScaler: 0.50x fp32's speed (slower), peak memory 25% less, accuracy 50.0% vs 70.0%.",
+                    "bf16: 2.00x fp32's speed (faster), peak memory 25% less, accuracy 69.0% vs 70.0% (the same "
+                    "within the noise)."]
     assert mixed_precision.summary(_frame([_row("bf16", 0.02, MiB)])) == "No successful fp32 run to compare against."
+
+
+def test_a_speed_difference_is_real_only_outside_the_measured_spread():
+    base = _row("fp32", 0.040, 1)
+    assert mixed_precision.faster(_row("bf16", 0.030, 1), base) is True  # 27-33 ms vs 36-44 ms
+    assert mixed_precision.faster(_row("bf16", 0.034, 1, spread=0.2), base) is None  # 27-41 ms overlaps
+    assert mixed_precision.faster(_row("bf16", 0.050, 1), base) is False
+    same = "1.05x fp32's speed (the same within the noise)"
+    assert mixed_precision.speed_phrase(_row("bf16", 0.038, 1), base) == same
+    no_spread = {"step_time_s": 0.039}  # a frame without the spread columns compares the medians
+    assert mixed_precision.faster(no_spread, {"step_time_s": 0.040}) is True
 
 
 def test_summary_says_when_an_emulated_runs_accuracy_comes_from_fewer_steps():
     MiB = 2**20
     df = _frame([_row("fp32", 0.040, 40 * MiB, 0.70, steps=160, planned_steps=None),
                  _row("fp16 + GradScaler", 0.600, 30 * MiB, 0.41, steps=40, planned_steps=160)])
-    assert mixed_precision.summary(df).endswith(
-        "accuracy 41.0% vs 70.0% (after 40 of 160 steps: emulated here, so cut short).")
+    assert mixed_precision.summary(df).endswith("accuracy 41.0% vs 70.0% (after 40 of 160 steps: emulated).")
 
 
 def test_tf32_finding_depends_on_the_device():
     df = _frame([_row("fp32", 0.040, 1), _row("fp32 + TF32", 0.020, 1)])
-    assert "on this CPU both fp32 runs did the same work" in mixed_precision.tf32_finding(df, {"device": "cpu"})
+    assert mixed_precision.tf32_finding(df, {"device": "cpu"}) == (
+        "TF32: 2.00x fp32's speed (faster): a CPU has no TF32, both runs did the same work.")
     t4 = {"device": "cuda", "capability": "7.5"}
-    assert "predates Ampere and has no TF32" in mixed_precision.tf32_finding(df, t4)
+    assert "this GPU (capability 7.5) has no TF32" in mixed_precision.tf32_finding(df, t4)
     a100 = {"device": "cuda", "capability": "8.0"}
-    assert mixed_precision.tf32_finding(df, a100).startswith("TF32 made fp32 2.00x as fast here")
+    assert mixed_precision.tf32_finding(df, a100) == "TF32: 2.00x fp32's speed (faster)."
     assert "Run both" in mixed_precision.tf32_finding(_frame([_row("fp32", 0.04, 1)]), a100)
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({"device": "cuda", "gpu": "Tesla P100-PCIE-16GB", "capability": "6.0"}, "has no tensor cores"),
-    ({"device": "cuda", "gpu": "Tesla T4", "capability": "7.5"}, "fp16 tensor cores but no native bf16"),
-    ({"device": "cuda", "gpu": "NVIDIA A100", "capability": "8.0"}, "runs bf16 natively"),
-    ({"device": "cpu", "bf16": True, "fp16_native": False}, "has AVX512-BF16/AMX instructions and has no fp16"),
-    ({"device": "cpu", "bf16": None, "fp16_native": None}, "could not be checked for bf16"),
+    ({"device": "cuda", "gpu": "Tesla P100-PCIE-16GB", "capability": "6.0"}, "no tensor cores"),
+    ({"device": "cuda", "gpu": "Tesla T4", "capability": "7.5"}, "Here: fp16 + GradScaler (capability 7.5"),
+    ({"device": "cuda", "gpu": "NVIDIA A100", "capability": "8.0"}, "Here: bf16 (capability 8.0: native bf16"),
+    ({"device": "cpu", "bf16": True, "fp16_native": False}, "Here: bf16 (this CPU has bf16 instructions)"),
+    ({"device": "cpu", "bf16": None, "fp16_native": None}, "Here: fp32 (bf16 support unknown)"),
 ])
 def test_advice_by_capability(env, expected):
     assert expected in mixed_precision.advice(env)
 
 
-def test_advice_quotes_the_measured_ratios():
+def test_advice_quotes_the_measured_ratios_and_follows_them_on_a_cpu():
     df = _frame([_row("fp32", 0.040, 1), _row("bf16", 0.020, 1), _row("fp16 + GradScaler", 0.400, 1)])
-    text = mixed_precision.advice({"device": "cpu", "bf16": True, "fp16_native": False}, df)
-    assert text.endswith("Measured here: bf16 ran at 2.00x and fp16 + GradScaler ran at 0.10x the speed of fp32.")
+    cpu = {"device": "cpu", "bf16": True, "fp16_native": False}
+    assert mixed_precision.advice(cpu, df) == (
+        "Here: bf16 (this CPU has bf16 instructions). Measured: fp16 + GradScaler 0.10x, bf16 2.00x fp32's speed.")
+    slow = _frame([_row("fp32", 0.040, 1), _row("bf16", 0.060, 1)])
+    assert mixed_precision.advice(cpu, slow).startswith("Here: fp32 (bf16 was not faster here).")
 
 
 def test_memory_savings_grow_with_the_batch():
@@ -133,31 +149,27 @@ def test_memory_savings_grow_with_the_batch():
                 "mem_activations_bytes": act * MiB, "mem_parameters_bytes": MiB, "mem_gradients_bytes": MiB,
                 "mem_optimizer_state_bytes": 2 * MiB}
 
-    df = _frame([row("fp32", 16, 8), row("bf16", 16, 4), row("fp32", 64, 32), row("bf16", 64, 16)])
-    lines = mixed_precision.memory_savings(df, "bf16").splitlines()
-    assert lines[0] == ("batch 16: peak 13.0 -> 9.0 MiB (31% less); activations 4.0 MiB smaller; parameters + "
-                        "gradients + optimizer state unchanged.")
-    assert lines[-1].startswith("The saving grows with the batch: 4.0 MiB at batch 16, 16.0 MiB at batch 64")
+    df = _frame([row("fp32", 16, 8), row("bf16", 16, 4), row("fp32", 32, 16), row("bf16", 32, 8),
+                 row("fp32", 64, 32), row("bf16", 64, 16)])
+    assert mixed_precision.memory_savings(df, "bf16") == (
+        "bf16 saved 4.0 MiB (31% less) at batch 16 and 16.0 MiB (43% less) at batch 64; parameters, gradients and "
+        "optimizer state unchanged: the saving grows with the batch.")
 
 
 def test_channels_last_finding():
     df = _frame([{"precision": "fp32", "channels_last": False, "step_time_s": 0.04, "error": None},
                  {"precision": "fp32", "channels_last": True, "step_time_s": 0.02, "error": None}])
     assert mixed_precision.channels_last_finding(df) == (
-        "fp32: channels_last ran at 2.00x the speed of the default layout (faster).")
+        "channels_last, speed against the default layout: fp32 2.00x (faster).")
+    df["step_time_p10_s"], df["step_time_p90_s"] = [0.03, 0.03], [0.05, 0.05]
     df.loc[1, "step_time_s"] = 0.041
-    assert "(the same, within noise)" in mixed_precision.channels_last_finding(df)
+    assert "(the same within the noise)" in mixed_precision.channels_last_finding(df)
 
 
-def test_tf32_row_is_the_same_work_without_tf32_hardware():
-    df = _frame([_row("fp32", 0.040, 1), _row("fp32 + TF32", 0.028, 1)])
-    cpu = mixed_precision.summary(df, {"device": "cpu"})
-    assert cpu.startswith("fp32 + TF32: the same work as fp32 on this device") and "1.43x speed ratio is" in cpu
-    assert "faster" not in cpu
-    assert mixed_precision.summary(df, {"device": "cuda", "capability": "8.0"}).startswith(
-        "fp32 + TF32: 1.43x the speed of fp32 (faster)")
+def test_has_tf32_only_from_ampere_on():
     assert mixed_precision.has_tf32({"device": "cuda", "capability": "9.0"})
     assert not mixed_precision.has_tf32({"device": "cuda", "capability": "7.5"})
+    assert not mixed_precision.has_tf32({"device": "cpu"})
 
 
 def test_compare_turns_a_failing_setup_into_an_error_row(tiny_cfg, monkeypatch):
@@ -170,7 +182,8 @@ def test_compare_turns_a_failing_setup_into_an_error_row(tiny_cfg, monkeypatch):
         return real(cfg, **kwargs)
 
     monkeypatch.setattr(results, "cached_fit", fake)
-    runs = mixed_precision.compare(tiny_cfg.replace(evaluate=False), setups={k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")},
+    two = {k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")}
+    runs = mixed_precision.compare(tiny_cfg.replace(evaluate=False), setups=two,
                              progress=False)
     df = mixed_precision.table(runs).set_index("setup")
     assert df.error.isna()["fp32"] and "CUBLAS_STATUS_NOT_SUPPORTED" in df.error["bf16"]
@@ -188,8 +201,8 @@ def test_formats_come_from_finfo():
 def test_scaler_finding():
 
     trace = pd.DataFrame({"step": [1, 2, 3], "scale": [2.0**20, 2.0**19, 2.0**19], "skipped": [True, False, False]})
-    assert mixed_precision.scaler_finding(trace) == ("1 of 3 optimizer steps were skipped (inf/NaN gradients); the scale "
-                                               "went from 2**20 to 2**19 by the last step.")
+    assert mixed_precision.scaler_finding(trace) == (
+        "1 of 3 optimizer steps were skipped (inf/NaN gradients); the scale went from 2**20 to 2**19 by the last step.")
 
 
 def _setups_frame():
@@ -206,7 +219,8 @@ def test_prediction_figures_come_from_the_frame():
     assert mixed_precision.own_saving_numbers(df, "bf16") == {"fp32_peak_mib": 40.0, "fp32_activations_mib": 30.0,
                                                   "low_activations_mib": 15.0, "low": "bf16"}
     text = mixed_precision.own_saving_finding(df, "bf16")
-    assert "From the activations alone: 37.5% of the fp32 peak; measured: bf16 saved 40.0% of it" in text
+    assert text == ("From the activations alone: 37.5% of the fp32 peak; measured: bf16 saved 40.0% of it: the rest "
+                    "is the other categories.")
 
 
 def test_speedups_put_published_rows_beside_the_live_ones():

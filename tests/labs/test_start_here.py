@@ -1,33 +1,56 @@
 """labkit.labs.start_here: the timing demo and the sentences worded from a run's numbers."""
 
 import pandas as pd
+import torch
 
+from labkit import measure
 from labkit.labs import start_here
 from labkit.measure import TimingPitfalls
 from labkit.result import RunResult
 
 
-def test_timing_demo(tiny_cfg):
+def test_timing_demo_times_both_warm_readings_with_their_spread(tiny_cfg):
     tp = start_here.timing_demo(tiny_cfg, warmup=1, repeats=3)
     assert tp.repeats == 3 and tp.warm_median_s > 0 and tp.first_call_s > 0 and tp.device == "cpu"
+    assert tp.warm_p10_s <= tp.warm_median_s <= tp.warm_p90_s
+    assert tp.unsynced_p10_s <= tp.unsynced_median_s <= tp.unsynced_p90_s
+
+
+def test_the_warm_readings_are_taken_alternately():
+    calls = []
+    tp = measure.timing_pitfalls(lambda: calls.append(len(calls)), torch.device("cpu"), warmup=2, repeats=4)
+    assert len(calls) == 1 + 2 + 2 * 4 and tp.repeats == 4
+    assert tp.warm_p10_s <= tp.warm_median_s <= tp.warm_p90_s
+
+
+def _demo(first, warm, unsynced, device="cpu", warm_spread=(0.9, 1.1), unsynced_spread=(0.9, 1.1)):
+    return TimingPitfalls(first, warm, unsynced, device, 10, warm * warm_spread[0], warm * warm_spread[1],
+                                 unsynced * unsynced_spread[0], unsynced * unsynced_spread[1])
 
 
 def test_timing_on_gpu_flags_an_unsynchronised_clock():
-    tp = TimingPitfalls(first_call_s=0.5, warm_median_s=0.010, unsynced_median_s=0.001, device="cuda", repeats=10)
-    text = start_here.timing(tp)
-    assert "50.0x the warm median of 10.00 ms" in text and "only 0.10x the real time" in text
-    assert "cuBLAS/cuDNN handles" in text
+    text = start_here.timing(_demo(0.5, 0.010, 0.001, "cuda")).splitlines()
+    assert text[0] == ("First call 500 ms, 50.0x the warm median of 10 ms (warm steps 9 ms-11 ms): it paid "
+                       "one-off costs.")
+    assert text[1] == ("Not synchronised: 1 ms, 0.10x the synchronised median: too small, the clock stopped before "
+                       "the GPU had finished.")
 
 
 def test_timing_on_gpu_when_cpu_bound_says_so():
-    tp = TimingPitfalls(first_call_s=0.5, warm_median_s=0.010, unsynced_median_s=0.0095, device="cuda", repeats=10)
-    assert "the CPU side was the bottleneck" in start_here.timing(tp)
+    assert "the CPU side) was the bottleneck" in start_here.timing(_demo(0.5, 0.010, 0.0095, "cuda"))
 
 
-def test_timing_on_cpu_explains_there_is_nothing_to_synchronise():
-    tp = TimingPitfalls(first_call_s=0.05, warm_median_s=0.010, unsynced_median_s=0.011, device="cpu", repeats=10)
+def test_timing_on_cpu_calls_the_readings_the_same_within_their_spread():
+    text = start_here.timing(_demo(0.05, 0.010, 0.011))
+    assert "1.10x the synchronised median: the same within the noise, as on any CPU" in text
+    apart = start_here.timing(_demo(0.05, 0.010, 0.015))  # spreads 9-11 ms and 13.5-16.5 ms do not overlap
+    assert "apart by the machine's load alone" in apart and "GPU" not in apart
+
+
+def test_timing_of_bare_pitfalls_uses_the_medians():
+    tp = TimingPitfalls(first_call_s=0.5, warm_median_s=0.010, unsynced_median_s=0.001, device="cuda", repeats=10)
     text = start_here.timing(tp)
-    assert "nothing to synchronise" in text and "1.10x" in text and "CUDA" not in text
+    assert "50.0x the warm median of 10 ms: it paid" in text and "too small" in text
 
 
 def _result(**overrides):
@@ -52,21 +75,26 @@ def test_headline_states_the_measured_numbers():
 
 def test_memory_reports_reserved_gap_on_gpu_and_largest_category():
     text = start_here.memory(_result(reserved_memory_bytes=40 * 2**20))
-    assert "reserved 40.00 MiB" in text and "held 9.00 MiB" in text and "The largest is activations" in text
-    assert "no caching allocator" in start_here.memory(_result())
+    assert text.splitlines()[0] == ("Allocated peak 31.00 MiB, reserved 40.00 MiB: the cache held 9.00 MiB that no "
+                                    "tensor used.")
+    assert "The largest category is activations (26.00 MiB)" in text
+    assert "a CPU has no cache" in start_here.memory(_result())
 
 
-def test_compare_accuracy():
-    a, b = _result(accuracy=0.98), _result(accuracy=0.5)
+def test_compare_accuracy_calls_a_difference_real_beyond_the_test_sets_noise():
+    a, b = _result(accuracy=0.98, env={"profile": "quick"}), _result(accuracy=0.5)
     assert start_here.compare("pretrained", a, "scratch", b) == (
-        "pretrained: 98.0% vs scratch: 50.0% after the same 20 steps (+48.0 percentage points).")
+        "pretrained: 98.0% vs scratch: 50.0% after the same 20 steps (+48.0 percentage points, noise 3.9): "
+        "pretrained is better, beyond the test set's noise.")
+    close = start_here.compare("pretrained", _result(accuracy=0.52, env={"profile": "quick"}), "scratch", b)
+    assert close.endswith("within the test set's noise.")
 
 
 def test_memory_explains_why_category_peaks_exceed_the_total():
     at_peak = {"parameters": 2**20, "gradients": 2**20, "optimizer_state": 2 * 2**20, "activations": 20 * 2**20,
                "other": 0}
     text = start_here.memory(_result(memory_at_peak=at_peak))
-    assert "add up to 42.00 MiB, more than the 24.00 MiB held at the moment of the total peak" in text
+    assert "add up to 42.00 MiB, more than the 24.00 MiB held at the peak" in text
     gpu = start_here.memory(_result(memory_at_peak=at_peak, reserved_memory_bytes=40 * 2**20))
     assert "7.00 MiB above the tracked tensors" in gpu
 
@@ -80,7 +108,7 @@ def test_flops_against_peaks_puts_the_run_beside_published_peaks_and_measured_ru
     assert list(peaks.achieved_flops) == [8.1e12, 65e12]
     assert set(peaks.source) == {"published: NVIDIA datasheet peaks"}  # never presented as measured
     text = start_here.peaks_finding(live, peaks)
-    assert text.startswith("Your run achieved 0.081 TFLOP/s: 1.00% of the T4 fp32 peak, 0.12% of the T4 fp16 peak.")
+    assert text == "Your run achieved 0.081 TFLOP/s: 1.00% of the T4 fp32 peak, 0.12% of the T4 fp16 peak."
 
     measured = pd.DataFrame([{"gpu": "Tesla T4", "device": "cuda", "precision_used": "fp16",
                               "achieved_flops": 2e12, "source": "reference: Tesla T4 2026-11-01"}])
@@ -91,9 +119,8 @@ def test_flops_against_peaks_puts_the_run_beside_published_peaks_and_measured_ru
 
 
 def test_timing_says_when_the_first_call_was_already_warm():
-    tp = TimingPitfalls(first_call_s=0.009, warm_median_s=0.010, unsynced_median_s=0.010, device="cpu", repeats=10)
-    text = start_here.timing(tp)
-    assert "0.9x the warm median" in text and "hardly slower" in text and "would overstate" not in text
+    text = start_here.timing(_demo(0.0105, 0.010, 0.010))  # inside the warm steps' 9-11 ms
+    assert "1.1x the warm median" in text and "already warm" in text and "one-off" not in text
 
 
 def test_warmup_numbers_are_the_timing_demos_own_rounded():

@@ -5,6 +5,7 @@ purpose (`timing_pitfalls`)."""
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -164,6 +165,10 @@ class TimingPitfalls:
     unsynced_median_s: float
     device: str
     repeats: int
+    warm_p10_s: float = math.nan  # the spread (10th-90th percentile) of the synchronised readings
+    warm_p90_s: float = math.nan
+    unsynced_p10_s: float = math.nan  # and of the unsynchronised ones
+    unsynced_p90_s: float = math.nan
 
     @property
     def cold_vs_warm(self) -> float:
@@ -181,7 +186,8 @@ class TimingPitfalls:
 
 def timing_pitfalls(fn: Callable[[], object], device: torch.device, warmup: int = 3,
                     repeats: int = 10) -> TimingPitfalls:
-    """Time ``fn`` cold, warm+synchronised and warm+unsynchronised (host clock only).
+    """Time ``fn`` cold, then warm with and without synchronising, alternately (one of each per repeat), so that
+    on a busy machine both readings see the same load.
 
     Example:
         >>> tp = timing_pitfalls(lambda: model(x).sum().backward(), torch.device("cpu"))
@@ -195,16 +201,15 @@ def timing_pitfalls(fn: Callable[[], object], device: torch.device, warmup: int 
     first = time.perf_counter() - start
     for _ in range(warmup):
         fn()
-    synchronize(device)
-    unsynced = []
+    timer, unsynced = StepTimer(device), []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
         unsynced.append(time.perf_counter() - start)  # deliberately wrong on a GPU: no synchronise
         synchronize(device)
-    timer = StepTimer(device)
-    for _ in range(repeats):
         timer.start()
         fn()
         timer.stop()
-    return TimingPitfalls(first, spread(timer.times_s())[0], spread(unsynced)[0], device.type, repeats)
+    (warm, warm_p10, warm_p90), (plain, plain_p10, plain_p90) = spread(timer.times_s()), spread(unsynced)
+    return TimingPitfalls(first, warm, plain, device.type, repeats, warm_p10, warm_p90, plain_p10, plain_p90)

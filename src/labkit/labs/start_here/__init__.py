@@ -1,9 +1,13 @@
-"""Notebook 00 (start here): how labkit measures, and the sentences computed from a run's live results.
+"""Notebook 00 (start here): how labkit measures, and one verdict line per finding from a run's live numbers.
 
-- `timing_demo`: one training step timed cold, warm and synchronised, and warm without synchronising.
+- `timing_demo`: one training step timed cold, then warm with and without synchronising, the two warm
+  readings taken alternately so that both see the same load; `timing` says which outcome happened.
 - `flops_against_peaks`, `peaks_finding`: a run's achieved FLOP/s next to published datasheet peaks.
-- `timing`, `headline`, `memory`, `compare`: what a run measured, in words. Notebooks print these instead
-  of typing figures into prose, so that on CPU and on GPU they stay true.
+- `headline`, `memory`, `compare`: what a run measured, in a few short lines.
+
+A difference is called real only outside the noise the run measured: the warm steps' 10th-90th percentile
+spread for times, `labkit.measure.accuracy_noise` (the test set's sampling noise) for accuracies. The
+explanation of each outcome is in the notebook.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ...config import RunConfig
-from ...measure import PEAK_FLOPS, TimingPitfalls, timing_pitfalls
+from ...env import PROFILES, profile
+from ...measure import PEAK_FLOPS, TimingPitfalls, accuracy_noise, timing_pitfalls
 from ...messages import worded
 from ...result import MEMORY_CATEGORIES, RunResult
 from ...train import Trainer
@@ -21,11 +26,15 @@ from ...units import mib
 # their datasheets quote for training: fp32 (CUDA cores) and fp16 (tensor cores where there are any).
 PEAK_GPUS = (("T4", "fp32"), ("T4", "fp16"), ("P100 PCIE", "fp32"), ("A100", "fp32"), ("A100", "bf16"))
 PEAK_SOURCE = "published: NVIDIA datasheet peaks"
-WARM_ALREADY = 1.2  # a first call under 1.2x the warm median paid no one-off cost worth the name
 
 
 def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> TimingPitfalls:
     """Time one training step of ``cfg`` cold, warm and synchronised, and warm without synchronising.
+
+    Args:
+        cfg: the run whose training step is timed.
+        warmup: untimed steps after the first one.
+        repeats: timed steps of each kind.
 
     Example:
         >>> tp = timing_demo(cfg); tp.cold_vs_warm, tp.unsynced_vs_synced
@@ -35,42 +44,50 @@ def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> TimingPit
     return timing_pitfalls(lambda: trainer.step(images, labels), trainer.device, warmup, repeats)
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _spread_of(tp: TimingPitfalls, kind: str) -> tuple[float, float]:
+    """A reading's 10th-90th percentile spread; a bare `TimingPitfalls` has none, so its median stands for it."""
+    median = tp.warm_median_s if kind == "warm" else tp.unsynced_median_s
+    low, high = getattr(tp, f"{kind}_p10_s", median), getattr(tp, f"{kind}_p90_s", median)
+    return (median, median) if low != low or high != high else (low, high)  # NaN: not measured
+
+
 @worded
 def timing(tp: TimingPitfalls) -> str:
-    """What the timing demo showed: cold vs warm, and unsynchronised vs synchronised."""
-    first = (f"First call: {tp.first_call_s * 1e3:.2f} ms, {tp.cold_vs_warm:.1f}x the warm median of "
-             f"{tp.warm_median_s * 1e3:.2f} ms over {tp.repeats} calls.")
-    if tp.cold_vs_warm >= WARM_ALREADY:
-        first += (" The first call pays one-off costs (allocating memory, choosing kernels"
-                  + (", creating cuBLAS/cuDNN handles" if tp.device == "cuda" else "")
-                  + "); timing it would overstate the step time.")
+    """Two verdict lines on the timing demo: did the first call pay one-off costs, did synchronising matter.
+
+    Args:
+        tp: `timing_demo`'s result.
+    """
+    warm_low, warm_high = _spread_of(tp, "warm")
+    plain_low, plain_high = _spread_of(tp, "unsynced")
+    first = f"First call {_ms(tp.first_call_s)}, {tp.cold_vs_warm:.1f}x the warm median of {_ms(tp.warm_median_s)}"
+    if tp.first_call_s > warm_high:
+        first += (f" (warm steps {_ms(warm_low)}-{_ms(warm_high)})" if warm_low < warm_high else "")
+        first += ": it paid one-off costs."
     else:
-        first += (" Here it was hardly slower: this process had already run the same model's operations (an earlier "
-                  "cell), so memory and kernels were warm. In a fresh process, and on a GPU, the first call pays "
-                  "one-off costs (allocation, kernel choice); warm up anyway.")
-    lines = [first]
-    ratio = tp.unsynced_vs_synced
-    if tp.device == "cuda":
-        if ratio < 0.8:
-            lines.append(
-                f"Without synchronising, the host clock read {tp.unsynced_median_s * 1e3:.2f} ms, only {ratio:.2f}x "
-                "the real time: it timed how fast Python queued the kernels, not the GPU's work.")
-        else:
-            lines.append(
-                f"Without synchronising, the host clock read {tp.unsynced_median_s * 1e3:.2f} ms ({ratio:.2f}x the "
-                "synchronised time): here the CPU side was the bottleneck, so little work was left on the GPU "
-                "when the clock stopped. With larger batches or models the gap opens; synchronise anyway.")
+        first += ": within the warm steps' spread, so this process was already warm."
+    plain = f"Not synchronised: {_ms(tp.unsynced_median_s)}, {tp.unsynced_vs_synced:.2f}x the synchronised median"
+    if tp.device != "cuda":
+        plain += (": the same within the noise, as on any CPU." if plain_low <= warm_high and plain_high >= warm_low
+                  else ": apart by the machine's load alone (a CPU has nothing to wait for).")
+    elif plain_high < warm_low:
+        plain += ": too small, the clock stopped before the GPU had finished."
     else:
-        lines.append(
-            f"On the CPU there is nothing to synchronise: an operation has finished when it returns, so both "
-            f"readings time the same work and differ only by noise (unsynchronised {tp.unsynced_median_s * 1e3:.2f} ms, "
-            f"{ratio:.2f}x). On a GPU, kernels run asynchronously and an unsynchronised clock can read far too little.")
-    return "\n".join(lines)
+        plain += ": not smaller, so launching the kernels (the CPU side) was the bottleneck here."
+    return first + "\n" + plain
 
 
 @worded
 def headline(res: RunResult) -> str:
-    """The four headline numbers (time, memory, accuracy, size) plus throughput and FLOP/s, in words."""
+    """The four headline numbers (time, memory, accuracy, size) plus throughput and FLOP/s, a line each.
+
+    Args:
+        res: a `labkit.fit` result.
+    """
     untimed = res.steps - res.timed_steps
     text = [
         f"Step time: median {res.step_time_s * 1e3:.2f} ms (10-90%: {res.step_time_p10_s * 1e3:.2f}-"
@@ -96,69 +113,66 @@ def headline(res: RunResult) -> str:
 
 @worded
 def memory(res: RunResult) -> str:
-    """Allocated vs reserved, and the breakdown by category."""
-    lines = []
+    """Verdict lines on a run's memory: allocated vs reserved, the largest category, and the peaks' sum.
+
+    Args:
+        res: a `labkit.fit` result.
+    """
     if res.reserved_memory_bytes is not None:
         gap = res.reserved_memory_bytes - res.peak_memory_bytes
-        lines.append(
-            f"Allocated peak {mib(res.peak_memory_bytes)}, reserved {mib(res.reserved_memory_bytes)}: the caching "
-            f"allocator held {mib(gap)} that no tensor was using. nvidia-smi shows the reserved figure (plus the "
-            "CUDA context); comparisons must use the allocated one.")
+        lines = [f"Allocated peak {mib(res.peak_memory_bytes)}, reserved {mib(res.reserved_memory_bytes)}: "
+                 f"the cache held {mib(gap)} that no tensor used."]
     else:
-        lines.append(
-            f"Peak {mib(res.peak_memory_bytes)} of live tensors. The CPU has no caching allocator, so there is no "
-            "'reserved' figure here; on a GPU labkit reports both.")
-    if res.memory:
-        parts = ", ".join(f"{c.replace('_', ' ')} {mib(res.memory.get(c, 0))}" for c in MEMORY_CATEGORIES)
-        lines.append(f"Each category's own peak during a step: {parts}.")
-        largest = max(MEMORY_CATEGORIES, key=lambda c: res.memory.get(c, 0))
-        total = sum(res.memory.get(c, 0) for c in MEMORY_CATEGORIES)
-        tracked = sum(res.memory_at_peak.values()) if res.memory_at_peak else None
-        sentence = (f"The largest is {largest.replace('_', ' ')}. The categories peak at different moments "
-                    "(activations at the end of the forward pass, gradients and the backward pass's temporary "
-                    "buffers later, while activations are being freed)")
-        if tracked is not None and total > tracked:
-            sentence += (f", so their peaks add up to {mib(total)}, more than the {mib(tracked)} held at "
-                         "the moment of the total peak.")
-        else:
-            sentence += "."
-        lines.append(sentence)
-        if res.reserved_memory_bytes is not None and tracked is not None and res.peak_memory_bytes > tracked:
-            lines.append(f"The allocator's peak is {mib(res.peak_memory_bytes - tracked)} above the tracked "
-                         "tensors: cuBLAS/cuDNN workspaces and the allocator's rounding of each block.")
-    elif res.memory_note:
-        lines.append(res.memory_note)
+        lines = [f"Peak {mib(res.peak_memory_bytes)} of live tensors (a CPU has no cache, so nothing is reserved)."]
+    if not res.memory:
+        return "\n".join(lines + ([res.memory_note] if res.memory_note else []))
+    largest = max(MEMORY_CATEGORIES, key=lambda c: res.memory.get(c, 0))
+    total = sum(res.memory.get(c, 0) for c in MEMORY_CATEGORIES)
+    tracked = sum(res.memory_at_peak.values()) if res.memory_at_peak else None
+    line = f"The largest category is {largest.replace('_', ' ')} ({mib(res.memory[largest])})"
+    if tracked is not None and total > tracked:
+        line += f"; the categories' own peaks add up to {mib(total)}, more than the {mib(tracked)} held at the peak"
+    lines.append(line + ".")
+    if res.reserved_memory_bytes is not None and tracked is not None and res.peak_memory_bytes > tracked:
+        lines.append(f"The allocator's peak is {mib(res.peak_memory_bytes - tracked)} above the tracked tensors.")
     return "\n".join(lines)
+
+
+def _test_size(res: RunResult) -> int:
+    run_profile = PROFILES.get(res.env.get("profile")) if res.env else None
+    return (run_profile or profile()).test_size
 
 
 @worded
 def compare(name_a: str, a: RunResult, name_b: str, b: RunResult, metric: str = "accuracy") -> str:
-    """One sentence comparing ``metric`` between two runs, e.g. pretrained vs from scratch."""
+    """One verdict line comparing ``metric`` between two runs, e.g. pretrained vs from scratch.
+
+    Args:
+        name_a, a, name_b, b: the runs and what to call them.
+        metric: a `RunResult` field; an accuracy difference is real only above the test set's noise.
+    """
     va, vb = getattr(a, metric), getattr(b, metric)
-    if metric == "accuracy":
-        return (f"{name_a}: {va:.1%} vs {name_b}: {vb:.1%} after the same {a.steps} steps "
-                f"({(va - vb) * 100:+.1f} percentage points).")
-    return f"{name_a}: {va:.4g} vs {name_b}: {vb:.4g} ({va / vb:.2f}x)."
+    if metric != "accuracy":
+        return f"{name_a}: {va:.4g} vs {name_b}: {vb:.4g} ({va / vb:.2f}x)."
+    noise = accuracy_noise((va + vb) / 2, _test_size(a))
+    verdict = ("within the test set's noise" if abs(va - vb) <= noise
+               else f"{name_a if va > vb else name_b} is better, beyond the test set's noise")
+    return (f"{name_a}: {va:.1%} vs {name_b}: {vb:.1%} after the same {a.steps} steps "
+            f"({(va - vb) * 100:+.1f} percentage points, noise {noise * 100:.1f}): {verdict}.")
 
 
 def flops_against_peaks(res: RunResult, measured: pd.DataFrame | None = None,
                         gpus=PEAK_GPUS) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A run's achieved FLOP/s, and what to draw next to it: datasheet peaks, and the same run measured
-    on real GPUs where such reference results are shipped.
-
-    The peaks are published figures (`labkit.measure.PEAK_FLOPS`, from NVIDIA's datasheets), never
-    measurements: they are what the hardware could do with perfectly sized kernels.
+    """A run's achieved FLOP/s, and beside it published datasheet peaks and this run measured on real GPUs.
 
     Args:
+        res: a `labkit.fit` result.
         measured: reference results of this run from ``labkit.load_reference`` (may be empty).
+        gpus: (GPU, dtype) pairs of `labkit.measure.PEAK_FLOPS` to draw; their ``source`` says "published".
 
     Returns:
-        ``(live, peaks)``: one-row and one-row-per-GPU frames with ``setup`` and ``achieved_flops`` (the
-        peaks' ``source`` says they are published), ready for ``plots.bar(live, x="setup",
-        y="achieved_flops", reference=peaks, logy=True)``.
-
-    Example:
-        >>> live, peaks = flops_against_peaks(res)
+        ``(live, peaks)`` frames with ``setup`` and ``achieved_flops``, for
+        ``plots.bar(live, x="setup", y="achieved_flops", reference=peaks, logy=True)``.
     """
     device = res.env.get("gpu") or res.env.get("device") or "this device"
     live = pd.DataFrame([{"setup": f"your run ({device}, {res.precision_used})", "achieved_flops": res.achieved_flops,
@@ -173,14 +187,17 @@ def flops_against_peaks(res: RunResult, measured: pd.DataFrame | None = None,
 
 @worded
 def peaks_finding(live: pd.DataFrame, peaks: pd.DataFrame) -> str:
-    """How far the run's achieved FLOP/s is from each datasheet peak, as a fraction of it."""
+    """The run's achieved FLOP/s as a fraction of each datasheet peak, in one line.
+
+    Args:
+        live, peaks: `flops_against_peaks`'s frames.
+    """
     achieved = live["achieved_flops"].iloc[0]
     if not achieved:
         return "This run has no FLOP count (evaluate-only or a failed step), so there is nothing to compare."
     parts = [f"{achieved / row.achieved_flops:.2%} of the {row.setup}" for row in peaks.itertuples()
              if row.source == PEAK_SOURCE]
-    return (f"Your run achieved {achieved / 1e12:.3g} TFLOP/s: " + ", ".join(parts)
-            + ". A model this small leaves any GPU mostly idle; the gap is the room later notebooks work in.")
+    return f"Your run achieved {achieved / 1e12:.3g} TFLOP/s: " + ", ".join(parts) + "."
 
 
 def _three_digits(value: float) -> float:
@@ -191,6 +208,10 @@ def _three_digits(value: float) -> float:
 def warmup_numbers(tp: TimingPitfalls, steps: int = 10) -> dict:
     """Your own numbers for exercise ``00.warmup_error``: the timing demo's first call and warm median.
 
+    Args:
+        tp: `timing_demo`'s result.
+        steps: the steps of the benchmark the exercise imagines.
+
     Example:
         >>> print(exercises.question("00.warmup_error", warmup_numbers(tp)))
     """
@@ -199,5 +220,9 @@ def warmup_numbers(tp: TimingPitfalls, steps: int = 10) -> dict:
 
 
 def activation_share(res: RunResult) -> float:
-    """The activations' peak as a fraction of the step's peak memory (the figure section 2 asks to predict)."""
+    """The activations' peak as a fraction of the step's peak memory (the figure section 2 asks to predict).
+
+    Args:
+        res: a `labkit.fit` result with a memory breakdown.
+    """
     return res.memory["activations"] / res.peak_memory_bytes

@@ -107,7 +107,8 @@ def _check_timer(time_steps) -> str:
                           f"{warmup + repeats}")
     too_short = [t for t in times if t < 0.7 * device.step_s]
     if too_short:
-        raise WrongAnswer(f"00.timer: a step of {device.step_s * 1e3:.0f} ms was timed as {min(too_short) * 1e3:.2f} ms: "
+        raise WrongAnswer(f"00.timer: a step of {device.step_s * 1e3:.0f} ms was timed as "
+                          f"{min(too_short) * 1e3:.2f} ms: "
                           "the clock was read before the queued work finished. Hint: call sync() after step() "
                           "and before reading the clock")
     if max(times) > 0.6 * device.first_s:
