@@ -2,25 +2,22 @@
 # # The recipe: stack the techniques, profile a step, troubleshoot
 #
 # Notebooks 01-08 each changed one thing. A real fine-tune stacks them, and stacked techniques do not simply
-# multiply their savings: freezing removes optimizer state that an 8-bit optimizer would have shrunk, a larger
-# batch raises the activations that checkpointing then cuts. This notebook applies the seed's staged recipe one
-# stage at a time, measures every stage, and asks what order the measurements suggest. Then it looks inside
-# one training step with `torch.profiler`, and hands deliberately broken configs to `labkit.doctor`, which
-# maps a symptom to its likely cause and a remedy it can try.
+# multiply their savings: freezing removes optimizer state that an 8-bit optimizer would have shrunk. This
+# notebook takes a staged recipe of the kind that circulates in blog posts ("bigger batch, then AMP, then
+# checkpointing, ..."), applies it one stage at a time, measures every stage, and asks what order the
+# measurements suggest. Then it profiles one training step and hands broken configs to `labkit.doctor`.
 #
 # **You will learn**
-# 1. a recipe as a YAML `RunConfig` (`labkit.load_config`), applied stage by stage: time per epoch, peak memory,
-#    accuracy and deployed size of every stage, in the seed's order and in the order the measurements suggest;
-# 2. `torch.profiler` on one training step before and after mixed precision: the top operators, where the time
-#    goes, and a trace file you can open in Perfetto;
-# 3. `labkit.doctor(cfg)` and `labkit doctor CONFIG.yaml`: an exploding loss, AMP slower than fp32, accuracy lost
-#    to quantization, pruning that frees no memory, a distributed run that hangs, each diagnosed;
-# 4. what each technique of notebooks 01-08 bought on this machine, from your own cached runs, beside
-#    the published figures.
+# 1. a recipe as a YAML `RunConfig`, applied stage by stage: time per epoch, peak memory, accuracy and deployed
+#    size of every stage, in the recipe's order and in the order the measurements suggest;
+# 2. `torch.profiler` on one training step before and after mixed precision, and a trace to open in Perfetto;
+# 3. `labkit.doctor`: an exploding loss, AMP slower than fp32, accuracy lost to quantization, pruning that frees
+#    no memory, a distributed run that hangs, each diagnosed;
+# 4. what each technique of notebooks 01-08 bought on this machine, from your own cached runs.
 #
-# **What you need:** notebooks 01-08 (the summary reads their cached runs; a technique you have not run shows as
-# "not run yet"). A CPU is fine for every section; on a CPU mixed precision is emulated or absent, so its stage
-# shows no speed-up and the profiler shows why.
+# **What you need:** notebooks 01-08 (the summary reads their cached runs; one you have not run shows as "not run
+# yet"). A CPU is fine for every section. On a CPU the mixed-precision stage (sections 2-3) is fp32, so its ratios
+# are noise, and the profiler's bf16 step (section 4) is emulated, slower than fp32; a GPU shows the speed-up.
 
 # %%
 import torch
@@ -28,7 +25,7 @@ import torch.nn.functional as F
 import yaml
 
 import labkit
-from labkit import guesses, inference, plots, views
+from labkit import display, guesses, inference, plots, views
 from labkit.labs import recipe as lab  # this notebook's experiments and findings
 from labkit.labs.recipe import exercises  # this notebook's exercises: question, check, solution
 from labkit.widgets import ExperimentPanel
@@ -38,9 +35,9 @@ labkit.env_report()
 
 # %% [markdown]
 # ## 1. The recipe as a config
-# The seed's recipe, as the YAML file labkit ships. Each key is one stage, applied on top of the ones above it,
-# in the file's order. It is a `RunConfig` like any other, so `labkit.load_config` reads it and checks every
-# field (a misspelt key is an error naming it, not a silently ignored line):
+# The recipe, as the YAML file labkit ships. Each key is one stage, applied on top of the ones above it, in the
+# file's order. It is a `RunConfig` like any other, so `labkit.load_config` reads it and checks every field (a
+# misspelt key is an error naming it, not a silently ignored line):
 
 # %%
 print(lab.RECIPE_PATH.read_text())
@@ -71,77 +68,74 @@ assert list(stages) == [s.key for s in lab.recipe_stages()] and stacked[-1].quan
 
 # %% [markdown]
 # The last stage, `quantize`, acts on the trained model: `fit` trains as before, then scores a quantized copy
-# (its accuracy and serialised size land in `result.inference`). A config that differs from another only there
-# trains once: the cache reuses the trained weights.
+# (`result.inference`); the cache reuses the trained weights.
 #
 # ## 2. Stage by stage
 # Each stage is trained from the same pretrained weights for the same epochs, so a larger batch sees the same
-# data in fewer, larger steps. The table gives time per epoch (samples per epoch / throughput), peak memory, the
-# deployed model's accuracy and size. Predict first: after all six stages, what is the peak memory and the
-# epoch time as a share of the baseline's?
+# data in fewer, larger steps. The table gives time per epoch, peak memory, the deployed model's accuracy and
+# size. **Predict first:** after all six stages, what are the peak memory and the epoch time as a share of the
+# baseline's?
 
 # %%
 guess_peak_ratio = None  # YOUR GUESS: the whole recipe's peak memory / the baseline's, e.g. 0.4
 guess_time_ratio = None  # YOUR GUESS: the whole recipe's epoch time / the baseline's, e.g. 0.5
 
 # %%
-rec = lab.staged(cfg)  # the seed's order, each stage alone, and the measured order (all cached)
+rec = lab.staged(cfg)  # the given order, each stage alone, and the measured order (all cached)
 print(lab.recipe_finding(rec))
-base, last = rec.seed.iloc[0], rec.seed.iloc[-1]
-print(guesses.versus(guess_peak_ratio, last.peak_memory_bytes / base.peak_memory_bytes, "peak memory, recipe / baseline"))
+base, last = rec.given.iloc[0], rec.given.iloc[-1]
+print(guesses.versus(guess_peak_ratio, last.peak_memory_bytes / base.peak_memory_bytes, "peak, recipe / baseline"))
 print(guesses.versus(guess_time_ratio, last.epoch_time_s / base.epoch_time_s, "epoch time, recipe / baseline"))
-lab.stage_table(rec).style.hide(axis="index").format(precision=2)
+display.table(lab.stage_table(rec), ["order", "added", "epoch_time_s", "peak_memory_bytes", "accuracy",
+                                     "model_size_bytes", "precision_used"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every stage ran, each one stacked on the one before; quantization shrank the deployed model
-assert rec.seed.error.isna().all() and rec.measured.error.isna().all() and len(rec.seed) == 7
-assert rec.seed.deployed_size_bytes.iloc[-1] < 0.5 * rec.seed.deployed_size_bytes.iloc[-2]
-assert rec.seed.epoch_time_s.gt(0).all() and rec.seed.deployed_accuracy.between(0, 1).all()
-assert rec.seed.iloc[-1].freeze == "medium" and rec.seed.iloc[-1].optimizer == "adamw8bit"
+assert rec.given.error.isna().all() and rec.measured.error.isna().all() and len(rec.given) == 7
+assert rec.given.deployed_size_bytes.iloc[-1] < 0.5 * rec.given.deployed_size_bytes.iloc[-2]
+assert rec.given.epoch_time_s.gt(0).all() and rec.given.deployed_accuracy.between(0, 1).all()
+assert rec.given.iloc[-1].freeze == "medium" and rec.given.iloc[-1].optimizer == "adamw8bit"
 
 # %%
 axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
                    ys=["epoch_time_s", "peak_memory_bytes", "accuracy", "model_size_bytes"])
 
 # %% [markdown]
-# How to read it (the printed lines above are this run's):
+# How to read it (the printed line names what happened here; a time counts as changed only outside the runs'
+# own 10th-90th percentile spread, an accuracy only outside the test split's noise):
 #
-# - **A larger batch** uses more memory, not less: activations grow with the batch (notebook 02). It pays in
-#   time where the smaller batch left the device idle (a GPU often, a CPU sometimes). With the epochs fixed it
-#   takes fewer steps, so accuracy can fall unless the learning rate grows with it.
-# - **`precision: auto`** is fp32 on a CPU and on a P100 (no fast fp16 or bf16 there), fp16 on a T4, bf16 on an
-#   A100: on a CPU this stage changes nothing, by design.
-# - **Checkpointing** trades time for activation memory; on a model whose activations are small it costs
-#   time and saves little.
-# - **The 8-bit optimizer** shrinks AdamW's states, a share of memory that grows with the trainable parameters:
-#   after freezing there are fewer of them.
-# - **Freezing** removes gradients, optimizer state and most of the backward pass at once: often the largest
-#   single saving. What it costs in accuracy depends on how far the new task is from the pretraining one.
+# - **A larger batch** uses more memory: activations grow with the batch (notebook 02). It pays in time where
+#   the smaller batch left the device idle; with fewer steps, accuracy can fall unless the learning rate grows.
+# - **`precision: auto`** is fp32 on a CPU and a P100, fp16 on a T4, bf16 on an A100: on a CPU this stage
+#   changes nothing, by design.
+# - **Checkpointing** trades time for activation memory; where activations are small it costs time, saves little.
+# - **The 8-bit optimizer** shrinks AdamW's states, which follow the trainable parameters: few after freezing.
+# - **Freezing** removes gradients, optimizer state and most of the backward pass: often the largest saving. Its
+#   accuracy cost depends on how far the new task is from the pretraining one.
 # - **int8 for inference** changes nothing in training and cuts the file to about a quarter.
 #
 # ## 3. The order the measurements suggest
 # Each stage was also run **alone** on the baseline. Ranking the training stages by what each bought alone
 # (peak-memory ratio times epoch-time ratio, smallest first) gives another order; a stage that changes nothing on
 # this device (`precision: auto` on a CPU) goes after the others, whatever noise its timing shows, and
-# quantization stays last because it acts on the trained model. The chart above shows both orders; here is what each stage did alone:
+# quantization stays last: it acts on the trained model. The chart above shows both orders; each stage alone:
 
 # %%
-print("measured order:", " > ".join(stage.name for stage in rec.order))
-lab.stage_table(rec, "alone").style.hide(axis="index").format(precision=2)
+print(lab.order_finding(rec))
+display.table(lab.stage_table(rec, "alone"), ["added", "epoch_time_s", "peak_memory_bytes", "accuracy",
+                                              "model_size_bytes", "precision_used"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the measured order holds the same stages, training ones first; both orders end at the same config
 assert sorted(s.key for s in rec.order) == sorted(s.key for s in rec.stages) and rec.order[-1].key == "quantize"
-assert rec.seed.iloc[-1][["batch_size", "freeze", "quantize"]].tolist() == \
+assert rec.given.iloc[-1][["batch_size", "freeze", "quantize"]].tolist() == \
     rec.measured.iloc[-1][["batch_size", "freeze", "quantize"]].tolist()
 assert rec.alone.error.isna().all() and len(rec.alone) == 7
 
 # %% [markdown]
-# Both orders end at the same config, so the same numbers. What the order changes is what you have after
-# each stage, and so which stages you can stop after: put the stage that buys the most first, and a stage that
-# buys little where it stands can be dropped (an 8-bit optimizer after freezing can only shrink the state of the
-# few parameters still training). Interactions
-# are why an "alone" ratio does not predict its stacked one (exercise 2 measures how far off the product is).
+# Both orders end at the same config. The order changes what you have after each stage, and so where you can
+# stop: put the stage that buys the most first; one that buys little where it stands can be dropped.
+# Interactions are why an "alone" ratio does not predict its stacked one (exercise 2 measures by how much).
 #
 # ## 4. Where the time goes: the profiler
 # `torch.profiler` records every operator a step runs, with its own ("self") time. The plain version, on a plain
@@ -163,17 +157,12 @@ with lab.quiet_native_output(), profile(activities=[ProfilerActivity.CPU]) as pr
 top = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:5]
 print(*(f"{e.key:<34} {e.self_cpu_time_total / 1e3:8.2f} ms self, {e.count} calls" for e in top), sep="\n")
 
-# %% jupyter={"source_hidden": true} tags=["check"]
-# check: the plain profile and the engine's agree on the kind of work at the top
-engine_fp32 = lab.profile_step(cfg, "fp32")
-assert lab.op_kind(top[0].key) == lab.op_kind(engine_fp32.ops.operator.iloc[0]) == "matmul / convolution"
-
 # %% [markdown]
-# (`lab.quiet_native_output()` only drops the lines that Kineto, the profiler's C++ library, writes to the
-# process's stderr, which Jupyter would show as a red box.) The engine profiles a step of its own loop the same
-# way, in fp32 and in the mixed precision this device would use (bf16 where `auto` keeps fp32), groups the
-# operators by kind, and writes each profile as a Chrome trace. Predict first: in fp32, what share of the step's
-# operator time goes to matmuls and convolutions?
+# (`lab.quiet_native_output()` drops what Kineto, the profiler's C++ library, writes to stderr, which Jupyter
+# would show as a red box.) The engine profiles a step of its own loop the same way, in fp32 and in the mixed
+# precision this device would use (bf16 where `auto` keeps fp32), groups the operators by kind, and writes
+# Chrome traces. **Predict first:** in fp32, what share of the step's operator time goes to matmuls and
+# convolutions?
 
 # %%
 guess_conv_share = None  # YOUR GUESS: share of the fp32 step's operator time in matmuls and convolutions, e.g. 0.4
@@ -183,32 +172,35 @@ before, after = lab.profile_pair(cfg)  # fp32, then the device's mixed precision
 print(lab.profile_finding(before, after))
 share = before.kinds.set_index("kind").share.get("matmul / convolution", 0.0)
 print(guesses.versus(guess_conv_share, share, "matmul and convolution share, fp32"))
-lab.kinds_table(before, after).style.hide(axis="index").format(precision=3)
+display.table(lab.kinds_table(before, after))
 
 # %% jupyter={"source_hidden": true} tags=["check"]
-# check: both steps were profiled, the shares add up, and the traces are files a browser can open
+# check: both steps were profiled, the shares add up, the traces are files a browser can open, and the plain
+# profile above and the engine's agree on the kind of work at the top
+assert lab.op_kind(top[0].key) == lab.op_kind(before.ops.operator.iloc[0]) == "matmul / convolution"
 assert before.precision == "fp32" and after.precision == lab.profiler_precision(cfg)
 assert abs(before.kinds.share.sum() - 1) < 1e-6 and before.trace_path.stat().st_size > 1000
 assert after.trace_path.exists() and len(before.ops) == lab.PROFILE_TOP
 
 # %%
 axes = plots.bars(lab.kinds_frame(before, after), x="kind", ys=["self_ms", "share"], hue="precision")
-after.ops.style.hide(axis="index").format(precision=3)  # the top operators of the mixed-precision step
+print("traces:", before.trace_path, after.trace_path, sep="\n")
+display.table(after.ops, ["operator", "kind", "calls", "self_ms", "total_ms", "share"])  # mixed precision's top
 
 # %% [markdown]
-# Open a trace (the paths are printed above) in https://ui.perfetto.dev or `chrome://tracing`: every operator is
-# a bar on a timeline, nested under the one that called it, forward then backward then the optimizer.
+# Open a trace in https://ui.perfetto.dev or `chrome://tracing`: every operator is a bar on a timeline, nested
+# under its caller, forward then backward then the optimizer.
 #
 # What to look for: on a tensor-core GPU the matmuls and convolutions get much faster in fp16/bf16 and the step
-# becomes bound by everything else (elementwise kernels, normalization, the optimizer, casts), which is why AMP's
-# speed-up (2-3x in PyTorch's AMP recipe) is less than the tensor cores' (a T4: 65 TFLOPS in fp16 against
-# 8.1 in fp32, NVIDIA's datasheet). On a CPU without bf16 instructions the convolutions get slower:
-# autocast's bf16 is emulated, converted around float32 arithmetic (the printed lines say which happened here).
+# becomes bound by everything else (elementwise kernels, normalization, the optimizer, casts): AMP's speed-up
+# (2-3x, PyTorch's AMP recipe) is less than the tensor cores' (a T4: 65 TFLOPS in fp16, 8.1 in fp32). On a CPU
+# without bf16 instructions the convolutions get slower, bf16 emulated around float32 arithmetic, and the casts'
+# share grows (the printed line says which happened here).
 #
 # ## 5. The doctor
-# `labkit.doctor(cfg)` runs short probes for the troubleshooting table's symptoms. Each finding says what was
-# observed, the likely cause and a remedy as config changes, and where a run can tell, tries the remedy
-# (`checked`). A healthy config first, printed whole:
+# `labkit.doctor(cfg)` runs short probes for the troubleshooting table's symptoms. Each finding gives what was
+# observed, the likely cause and a remedy as config changes, and where a run can tell, tries it (`checked`). A
+# healthy config first:
 
 # %%
 print(labkit.doctor(cfg.replace(epochs=1, max_steps=P.max_steps)))
@@ -240,9 +232,9 @@ assert amp.status in ("problem", "ok") and amp.problem == (amp.numbers["ratio"] 
 assert not amp.problem or ("tensor cores" in amp.cause or "batch" in amp.cause or "small" in amp.cause)
 
 # %% [markdown]
-# **Accuracy drops a lot after quantization.** Weights rounded to 3 bits (simulated: the accuracy of a 3-bit
-# model, kept in float32). The doctor measures the drop against the test set's noise and, if it is real, keeps
-# the first and the last layers in float one at a time (chosen on the validation split, checked on the test split):
+# **Accuracy drops a lot after quantization.** Weights rounded to 3 bits (simulated, kept in float32). The doctor
+# measures the drop against the test set's noise and, if it is real, keeps the first and the last layers in float
+# one at a time (chosen on the validation split, checked on the test split):
 
 # %%
 quant = labkit.doctor(lab.broken(cfg, "quantization_drop"))["quantization_drop"]  # quantize int3_simulated
@@ -266,18 +258,10 @@ assert prune.problem and abs(prune.numbers["nonzero_share"] - 0.5) < 0.02 and pr
 assert prune.numbers["fixed_size_ratio"] < 0.5 and prune.fix == {"prune_structured": True}
 
 # %% [markdown]
-# The same diagnosis from the command line, on the config saved as YAML (`labkit doctor CONFIG.yaml` exits with
-# 1 when it finds a problem, so a script can stop on it):
-
-# %%
-path = labkit.save_config(lab.broken(cfg, "pruning_memory"), lab.trace_folder() / "broken_pruning.yaml")
-# !{sys.executable} -m labkit.cli doctor {path}
-
-# %% [markdown]
 # **A distributed run that hangs.** Two processes, and rank 1 stops taking part after step 2, as a rank stuck in
-# I/O or a deadlocked data loader would. Rank 0 waits for it in the next all-reduce. With torch's default
-# process-group timeout (30 minutes for gloo, 10 for NCCL) that is a long silence; the doctor launches with a
-# short one, so the hang becomes an error naming the rank within seconds:
+# I/O would; rank 0 waits for it in the next all-reduce. With torch's default process-group timeout (30 minutes
+# for gloo, 10 for NCCL) that is a long silence; the doctor launches with a short one, so the hang becomes an
+# error naming the rank within seconds:
 
 # %%
 hang = labkit.doctor(cfg.replace(epochs=1, max_steps=P.max_steps), **lab.HANG)["distributed_hang"]
@@ -291,10 +275,11 @@ assert hang.numbers["elapsed_s"] < 20 * hang.numbers["timeout_s"] + 60
 # %% [markdown]
 # ## 6. Notebooks 01-08 on this machine
 # labkit caches every finished run. `lab.summary()` reads your cache and pairs each technique's run with the same
-# run without it (mixed precision against fp32, freezing against no freezing, ...): time (training time per
-# sample, or inference latency for pruning and quantization), peak memory and size as ratios, accuracy as a
-# change in points. A technique whose notebook you have not run here shows as "not run yet". The hatched bars
-# are the published figure (the PyTorch AMP recipe's 2-3x on tensor-core GPUs), not a measurement here.
+# run without it (mixed precision against fp32, freezing against none, ...): time (training time per sample, or
+# inference latency for pruning and quantization), peak memory and size as ratios, accuracy as a change in
+# points. A notebook you have not run here shows as "not run yet"; the printed line names a time saving only
+# where the two runs' step-time spreads do not overlap. The hatched bars are the published figure (PyTorch's AMP
+# recipe: 2-3x on tensor-core GPUs), not a measurement here.
 
 # %%
 summary = lab.summary(P)  # one row per technique: its run against the same run without it
@@ -302,7 +287,8 @@ print(lab.summary_finding(summary))
 measured = summary[summary.pairs > 0]  # the techniques not run yet are named above
 axes = plots.bars(measured, x="label", ys=["time_ratio", "memory_ratio", "size_ratio", "accuracy_change"],
                   reference=lab.reference_rows())  # the published AMP speed-up, in the time chart
-summary.drop(columns="label").style.hide(axis="index").format(precision=2)
+display.table(summary, ["label", "setting", "time_basis", "time_ratio", "memory_ratio", "size_ratio",
+                        "accuracy_change"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: one row per technique of 01-08; every measured ratio is positive
@@ -310,17 +296,15 @@ assert set(summary.notebook) == {"01", "02", "03", "04", "05", "06", "07", "08"}
 assert (measured.time_ratio > 0).all() and (measured.size_ratio.dropna() > 0).all()
 
 # %%
-labkit.load_reference().style.hide(axis="index")  # the published figures, with their sources
+display.table(labkit.load_reference(), ["setup", "speedup_vs_fp32", "trainable_params", "source"])  # published
 
 # %% [markdown]
-# These are this machine's numbers, and the printed lines say which technique paid most here. Expect them to
-# move with the hardware: on a CPU mixed precision is emulated or absent and often costs time, on a tensor-core GPU it alone
-# is "2-3X" (PyTorch's AMP recipe); a larger batch pays where the smaller one left the device idle. The recipe that fits is the one
-# measured where it will run.
+# These numbers move with the hardware: on a CPU mixed precision often costs time, on a tensor-core GPU it alone
+# is "2-3X" (PyTorch's AMP recipe). The recipe that fits is the one measured where it will run.
 #
 # ## 7. Your turn: the panel
-# Choose the stages: batch size, precision, checkpointing, optimizer, freezing, quantization for inference. Each run
-# is cached, and the bars compare every setting run in this session (bs: batch size, ckpt: checkpointing).
+# Choose the stages and press **Run**. Each run is cached, and the bars compare every setting run in this session
+# (bs: batch size, ckpt: checkpointing).
 
 # %%
 panel = ExperimentPanel(
@@ -340,10 +324,10 @@ panel
 # | accuracy drops a lot after quantization | sensitive layers quantized | keep LayerNorm/first/last layers in float |
 # | AMP slower than fp32 | no tensor cores (P100, CPU), tiny batches | check capability, larger batch, channels_last |
 # | distributed run hangs | a rank died or never joined | timeouts on the process group, check backend |
-# | memory not reduced after pruning | zeros are still stored densely | structured pruning and rebuilding the layer, sparse storage |
+# | memory not reduced after pruning | zeros are still stored densely | structured pruning, sparse storage |
 # | memory looks unchanged with AMP | reading the cache, not the allocator | `max_memory_allocated`, reset peak stats |
-# | a stacked recipe is slower than one technique alone | a stage that costs time (checkpointing) kept where memory was not the limit | measure each stage where it stands; drop the ones that buy nothing |
-# | the profiler's numbers differ from the step time | profiler overhead, and "self" time excludes the operators called inside | compare profiles with each other, time steps with the timer (notebook 00) |
+# | a stacked recipe is slower than one stage alone | a stage that costs time, kept where it buys nothing | drop it |
+# | the profiler's times differ from the step time | profiler overhead; "self" excludes callees | compare profiles |
 
 # %% [markdown]
 # ## Going further
@@ -355,12 +339,20 @@ panel
 #   every allocation on a GPU (https://pytorch.org/memory_viz).
 # - **A recipe for a transformer**: LoRA (notebook 08) instead of freezing, `lora_rank: 8` with
 #   `lora_targets: [qkv]` in the YAML; QLoRA's 4-bit base for models that do not fit.
+#
+# ### The doctor from the command line
+# The same diagnosis, on the config saved as YAML: `labkit doctor CONFIG.yaml` exits with 1 when it finds a
+# problem, so a script can stop on it.
+
+# %%
+path = labkit.save_config(lab.broken(cfg, "pruning_memory"), lab.trace_folder() / "broken_pruning.yaml")
+# !{sys.executable} -m labkit.cli doctor {path}
+
 
 # %% [markdown]
 # ## Summary
 # - A recipe is a `RunConfig` in YAML, applied a key at a time; `load_config` checks every field.
-# - Stacked techniques interact: a stage's saving depends on what stands before it, so measure each stage where it
-#   stands and keep the ones that buy something here.
+# - Stacked techniques interact: measure each stage where it stands and keep the ones that buy something here.
 # - `torch.profiler`: warm up, profile one step, sort by self time, group by kind; a trace shows the timeline.
 # - `labkit.doctor(cfg)` and `labkit doctor CONFIG.yaml`: symptom, likely cause, remedy, and the remedy tried.
 # - Your own numbers of notebooks 01-08 beside the published ones: the techniques that pay on this hardware.

@@ -67,7 +67,7 @@ def test_cached_model_rebuilds_the_lora_model(tmp_path, monkeypatch):
 def test_peft_agrees_on_parameters_outputs_and_gradients():
     pytest.importorskip("peft")
     frame = lab.peft_comparison(small_cfg(pretrained=False), rank=4)
-    assert (frame.labkit_trainable == frame.peft_trainable).all()
+    assert (frame.labkit_trainable_params == frame.peft_trainable_params).all()
     assert (frame.max_output_diff < 1e-5).all() and (frame.max_grad_diff < 1e-6).all() and (frame.max_grad > 0).all()
 
 
@@ -78,11 +78,13 @@ def test_the_papers_roberta_base_count():
     assert lab.paper_count(rank=16)["trainable"] == 2 * 294_912
 
 
-def test_seed_snippet_problems_are_shown_not_hidden():
-    problems = lab.seed_snippet_problems()
-    assert "AttributeError" in problems["what happens"].iloc[0]
-    assert "RuntimeError" in problems["what happens"].iloc[1] and "off by" in problems["what happens"].iloc[1]
-    assert "0.25x" in problems["what happens"].iloc[2]  # 16 / 4 = 4: unscaled is a quarter
+def test_the_blog_snippets_problems_are_measured_not_described():
+    assert "class BlogLoRALayer" in lab.blog_snippet()
+    happens = lab.blog_snippet_problems().what_happens
+    assert "AttributeError" in happens.iloc[0]
+    assert "RuntimeError" in happens.iloc[1] and "off by" in happens.iloc[1]
+    assert "0.25x" in happens.iloc[2]  # 16 / 4 = 4: unscaled is a quarter
+    assert "A's std is 1.0" in happens.iloc[3] and all(len(text) < 100 for text in happens)
 
 
 def test_sweep_configs_and_bad_ranks():
@@ -92,21 +94,30 @@ def test_sweep_configs_and_bad_ranks():
     assert runs["LoRA qkv r4"].lora_targets == ("qkv",) and runs["LoRA qkv r4"].lr == lab.LORA_LR
     with pytest.raises(ConfigError, match="ranks"):
         lab.sweep_configs(small_cfg(), ranks=(0,))
+    by_targets = lab.sweep_configs(small_cfg(), ranks={"qkv": (2, 8), "all-linear": (8,)})
+    assert list(by_targets)[2:] == ["LoRA qkv r2", "LoRA qkv r8", "LoRA all-linear r8"]
+    assert all(lab.MERGE_RANK in (ranks["qkv"] if isinstance(ranks, dict) else ranks) for ranks in lab.RANKS.values())
 
 
-def test_sweep_finding_is_worded_from_the_numbers():
+def _sweep(lora_rows, full_acc=0.8):
     import pandas as pd
-    rows = []
-    for setup, method, rank, share, acc, step in [("full fine-tune", "full fine-tune", 0, 1.0, 0.8, 0.2),
-                                                  ("head only", "head only", 0, 0.01, 0.5, 0.05),
-                                                  ("LoRA qkv r2", "LoRA", 2, 0.02, 0.79, 0.15)]:
-        rows.append(dict(setup=setup, method=method, rank=rank, targets="qkv", num_trainable_params=int(share * 1000),
-                         num_params=1000, trainable_share=share, mem_optimizer_state_bytes=share * 8000,
-                         mem_activations_bytes=100 if method != "head only" else 10, accuracy=acc, step_time_s=step,
-                         error=None))
-    text = lab.sweep_finding(pd.DataFrame(rows), test_size=1000)
-    assert "0.75x to 0.75x" in text and "within the noise" in text and "best LoRA 79.0%" in text
-    assert "on qkv 1.00x to 1.00x; head only 0.10x" in text
+    rows = [("full fine-tune", "full fine-tune", "-", 0, full_acc, 0.2, 0.19, 0.21),
+            ("head only", "head only", "-", 0, 0.5, 0.05, 0.04, 0.06), *lora_rows]
+    return pd.DataFrame([dict(setup=setup, method=method, targets=targets, rank=rank, accuracy=acc, step_time_s=step,
+                              step_time_p10_s=p10, step_time_p90_s=p90, mem_activations_bytes=100, error=None)
+                         for setup, method, targets, rank, acc, step, p10, p90 in rows])
+
+
+def test_sweep_finding_is_one_verdict_line_from_the_numbers():
+    qkv = [("LoRA qkv r2", "LoRA", "qkv", 2, 0.79, 0.15, 0.14, 0.16)]  # outside full's 0.19-0.21 spread
+    linear = [("LoRA all-linear r2", "LoRA", "all-linear", 2, 0.7, 0.2, 0.18, 0.22)]  # inside it
+    text = lab.sweep_finding(_sweep(qkv + linear), test_size=1000)
+    assert "\n" not in text and "Best LoRA run (qkv r2) 79.0%, within the noise of full fine-tuning's 80.0%" in text
+    assert "on qkv 0.75x (faster)" in text and "on all-linear 1.00x (no real difference)" in text
+    assert "below" in lab.sweep_finding(_sweep(qkv, full_acc=0.95), test_size=1000)
+    slow = [("LoRA qkv r2", "LoRA", "qkv", 2, 0.79, 0.3, 0.28, 0.32), ("LoRA qkv r8", "LoRA", "qkv", 8, 0.79, 0.15,
+                                                                      0.14, 0.16)]
+    assert "(mixed)" in lab.sweep_finding(_sweep(slow), test_size=1000)
 
 
 def test_merge_and_transformer_and_qlora_paths(tmp_path, monkeypatch):
@@ -115,20 +126,27 @@ def test_merge_and_transformer_and_qlora_paths(tmp_path, monkeypatch):
     cfg = small_cfg(evaluate=True)
     merged = lab.merge_comparison(cfg, rank=2)
     assert merged.max_output_diff.iloc[2] < 1e-4 and merged.lora_layers.tolist() == [0, 4, 0, 0]
-    assert "the base timed twice differed by" in lab.merge_finding(merged)
+    assert lab.merge_finding(merged).startswith("The base timed twice differed by")
     record = lab.transformer_finetune(cfg, rank=2, steps=2)
-    assert record["peft_trainable"] == record["labkit_trainable"] > 0 and record["targets"] in ("query,value", "q_proj,v_proj")
+    assert record["peft_trainable"] == record["labkit_trainable"] > 0
+    assert record["targets"] in ("query,value", "q_proj,v_proj")
     assert list((tmp_path / "models").glob("small_vit-*/config.json"))  # saved locally, loaded by from_pretrained
     qlora = lab.qlora_comparison(cfg, rank=2)
     rows = qlora.set_index("setup")
+    assert list(qlora.columns) == list(lab.QLORA_COLUMNS)
     if qlora.error.isna().all():
         assert 0.25 <= rows.base_weight_bytes.iloc[1] / rows.base_weight_bytes.iloc[0] < 0.32
-    assert "frozen Linear weights" in lab.qlora_finding(qlora) or "did not run" in lab.qlora_finding(qlora)
+    assert lab.qlora_finding(qlora).startswith(("NF4 weights", "QLoRA did not run"))
+    assert "PEFT and add_lora train the same" in lab.transformer_finding(record)
 
 
-def test_panel_run_and_own_numbers():
-    run = lab.panel_run(lab.panel_config(small_cfg()).replace(lora_rank=2))
+def test_panel_run_and_own_numbers(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    cfg = lab.panel_config(small_cfg()).replace(lora_rank=2)
+    run = lab.panel_run(cfg)
     assert run.to_row()["targets"] == "qkv" and run.num_trainable_params == 4 * lora.adapter_numel(128, 384, 2) + 1_546
+    assert results.cached_fit(lab.lora_config(small_cfg(), 2, "qkv")).num_trainable_params == run.num_trainable_params
+    assert len(list(results.results_dir().glob("*.json"))) == 1  # the dropdown's "qkv" ran as the sweep's ("qkv",)
     with pytest.raises(ConfigError, match="lora_rank=None"):
         lab.panel_run(small_cfg())
 
@@ -158,18 +176,29 @@ def test_the_small_transformers_vit_holds_tiny_vits_blocks():
             assert torch.allclose(out, tokens, atol=1e-5), i
 
 
-def test_display_tables_and_the_chart_frame():
-    import math
-
+def test_the_chart_frame_and_the_tables_a_learner_sees():
     import pandas as pd
+
+    from labkit import display
     frame = pd.DataFrame({"setup": ["full fine-tune", "head only", "LoRA qkv r2", "LoRA qkv r8"],
                           "method": ["full fine-tune", "head only", "LoRA", "LoRA"], "rank": [0, 0, 2, 8],
                           "targets": ["-", "-", "qkv", "qkv"], "accuracy": [0.8, 0.5, 0.7, 0.75]})
     chart = lab.sweep_chart_frame(frame)
     assert sorted(chart.targets.unique()) == ["full fine-tune", "head only", "qkv"]
     assert chart[chart.targets == "full fine-tune"]["rank"].tolist() == [2, 8]  # flat across the LoRA ranks
-    merged = pd.DataFrame({"setup": ["a", "b"], "latency_s": [0.01, 0.02], "vs_base": [1.0, 2.0],
-                           "max_output_diff": [math.nan, 1e-6], "lora_layers": [0, 4]})
-    assert lab.merge_table(merged)["largest output difference"].tolist() == ["-", "1.0e-06"]
-    refused = pd.DataFrame({"setup": ["bf16 base", lab.NF4], "error": [None, "no bitsandbytes"]})
-    assert list(lab.qlora_table(refused).columns) == ["setup", "error"]
+    counts = display.frame(lab.target_table(small_cfg(), ranks=(1, 8)), ["trainable_params", "trainable_share"])
+    assert list(counts.columns) == ["trainable parameters (thousands)", "trainable share of the parameters (%)"]
+
+
+def test_merge_finding_calls_a_latency_different_only_outside_the_bases_two_timings():
+    import pandas as pd
+
+    def frame(unmerged, merged, again):
+        return pd.DataFrame({"setup": list(lab.merge.SETUPS), "latency_s": [0.10, unmerged, merged, again],
+                             "vs_base": [1.0, unmerged / 0.1, merged / 0.1, again / 0.1],
+                             "max_output_diff": [float("nan"), 0.0, 1e-6, float("nan")], "lora_layers": [0, 4, 0, 0]})
+
+    text = lab.merge_finding(frame(0.13, 0.089, 0.09))  # the base 10% apart: merged at 0.089 is within 0.081-0.11
+    assert "differed by 10.0%" in text and "1.30x the base's latency (slower)" in text
+    assert "merged 0.89x (the same within that)" in text
+    assert "merged 0.80x (faster)" in lab.merge_finding(frame(0.13, 0.08, 0.099))

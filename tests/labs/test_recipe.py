@@ -25,7 +25,8 @@ def small_recipe(tmp_path):
     return path
 
 
-def test_the_seed_recipe_loads_as_a_run_config_with_its_stages_in_file_order():
+def test_the_shipped_recipe_loads_as_a_run_config_with_its_stages_in_file_order():
+    assert lab.RECIPE_PATH.name == "staged_recipe.yaml"
     cfg = labkit.load_config(lab.RECIPE_PATH)
     stages = lab.recipe_stages()
     assert [s.key for s in stages] == ["batch_size", "precision", "checkpointing", "optimizer", "freeze", "quantize"]
@@ -54,23 +55,29 @@ def test_bad_recipes_are_named(tmp_path, text, match):
 
 def test_staged_stacks_each_stage_on_the_ones_before(base, small_recipe):
     rec = lab.staged(base, small_recipe, progress=False)
-    assert list(rec.seed.stage) == [0, 1, 2, 3, 4] and rec.seed.error.isna().all()
-    last = rec.seed.iloc[-1]
+    assert list(rec.given.stage) == [0, 1, 2, 3, 4] and rec.given.error.isna().all()
+    last = rec.given.iloc[-1]
     assert (last.batch_size, last.checkpointing, last.freeze, last.quantize) == (64, True, "medium", "int8_dynamic")
     alone = rec.alone.set_index("stage")
     assert alone.loc[2].checkpointing and alone.loc[2].batch_size == 32  # alone: on the baseline only
-    assert rec.seed.iloc[0].step_time_s == rec.alone.iloc[0].step_time_s == rec.measured.iloc[0].step_time_s
+    assert rec.given.iloc[0].step_time_s == rec.alone.iloc[0].step_time_s == rec.measured.iloc[0].step_time_s
     assert rec.order[-1].key == "quantize" and {s.key for s in rec.order} == {s.key for s in rec.stages}
-    assert rec.seed.iloc[-1].deployed_size_bytes < rec.seed.iloc[-2].deployed_size_bytes  # int8 Linear head
-    assert rec.seed.epoch_time_s.gt(0).all() and rec.seed.deployed_accuracy.between(0, 1).all()
+    assert rec.given.iloc[-1].deployed_size_bytes < rec.given.iloc[-2].deployed_size_bytes  # int8 Linear head
+    assert rec.given.epoch_time_s.gt(0).all() and rec.given.deployed_accuracy.between(0, 1).all()
     table = lab.stage_table(rec)
-    assert len(table) == 10 and table["vs baseline"].iloc[0] == 1.0
+    assert len(table) == 10 and list(table.columns) == list(lab.STAGE_COLUMNS)
+    assert table.order.tolist() == [lab.GIVEN] * 5 + [lab.MEASURED] * 5
+    assert table.model_size_bytes.iloc[4] == rec.given.deployed_size_bytes.iloc[4]  # the deployed model's
+    assert (table.epoch_time_p10_s <= table.epoch_time_s).all() and (table.epoch_time_s <= table.epoch_time_p90_s).all()
+    assert len(lab.stage_table(rec, "alone")) == 5
     with pytest.raises(ConfigError, match="which='both' is not allowed: 'stacked'"):
         lab.stage_table(rec, "both")
     text = lab.recipe_finding(rec)
-    assert "The whole recipe" in str(text) and all(len(line) <= 100 for line in str(text).splitlines())
-    with pytest.raises(ConfigError, match="seed's training stages"):
-        lab.own_stack_numbers(rec)  # the exercise needs the seed's five training stages
+    assert text.startswith("The whole recipe: epoch time") and "\n" not in text
+    assert all(len(line) <= 100 for line in str(text).splitlines())  # printed wrapped
+    assert lab.order_finding(rec).startswith("Measured order: ")
+    with pytest.raises(ConfigError, match="the training stages"):
+        lab.own_stack_numbers(rec)  # the exercise needs the shipped recipe's five training stages
 
 
 def test_measured_order_ranks_by_memory_times_time_and_keeps_inference_last():
@@ -102,12 +109,16 @@ def test_the_profiled_step_names_operators_by_kind_and_writes_a_trace(base):
     assert trace["traceEvents"] and before.trace_path.name.endswith("fp32-cpu.json")
     assert after.ops.operator.str.contains("_to_copy|copy_").any()
     text = lab.profile_finding(before, after)
-    assert "fp32" in text and "bf16" in text and before.trace_path.name in text
+    assert text.startswith("One profiled step (cpu): fp32") and "bf16" in text and "\n" not in text
+    kinds = lab.kinds_table(before, after)
+    assert list(kinds.columns) == ["kind", "fp32_self_ms", "bf16_self_ms", "fp32_share", "bf16_share"]
+    assert kinds.fp32_share.sum() == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("name, kind", [("aten::convolution_backward", "matmul / convolution"),
                                         ("aten::addmm", "matmul / convolution"), ("aten::_to_copy", "copies and casts"),
-                                        ("Optimizer.step#AdamW.step", "optimizer"), ("aten::relu_", "elementwise / activation"),
+                                        ("Optimizer.step#AdamW.step", "optimizer"),
+                                        ("aten::relu_", "elementwise / activation"),
                                         ("aten::native_batch_norm", "normalization"), ("aten::empty", "other")])
 def test_op_kinds(name, kind):
     assert lab.op_kind(name) == kind
@@ -128,25 +139,28 @@ def test_the_summary_pairs_each_technique_with_its_run_without_it(tmp_path, monk
     monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
     prof = labkit.profile()
     cfg = labkit.config.baseline(prof)
-    _write(_run(cfg, 0.10, 1000, 0.70))
-    _write(_run(cfg.replace(freeze="medium"), 0.05, 400, 0.69))
-    _write(_run(cfg.replace(checkpointing=True), 0.13, 800, 0.70))
+    _write(_run(cfg, 0.10, 1000, 0.70, step_time_p10_s=0.09, step_time_p90_s=0.11))
+    _write(_run(cfg.replace(freeze="medium"), 0.05, 400, 0.69, step_time_p10_s=0.045, step_time_p90_s=0.055))
+    _write(_run(cfg.replace(checkpointing=True), 0.13, 800, 0.70, step_time_p10_s=0.08, step_time_p90_s=0.16))
     _write(_run(cfg.replace(checkpointing=True, freeze="heavy"), 0.04, 300, 0.6))  # a second freezing pair
     results.write_json_atomic(results.results_dir() / "quant-compare-x.json", {"frame": pd.DataFrame({
-        "model": [cfg.model] * 2, "method": ["fp32", "int8_static"], "ran": [True, True], "cpu_latency_s": [0.02, 0.005],
-        "model_size_bytes": [1200, 320], "test_accuracy": [0.70, 0.69]}).to_json(orient="split")})
+        "model": [cfg.model] * 2, "method": ["fp32", "int8_static"], "ran": [True, True],
+        "cpu_latency_s": [0.02, 0.005], "model_size_bytes": [1200, 320],
+        "test_accuracy": [0.70, 0.69]}).to_json(orient="split")})
     frame = lab.summary(prof).set_index("technique")
     freeze = frame.loc["freezing"]
     assert freeze.pairs == 2 and freeze.time_ratio == pytest.approx(0.5) and freeze.memory_ratio == pytest.approx(0.4)
     assert freeze.accuracy_change == pytest.approx(-0.01) and "freeze=medium" in freeze.setting
     assert frame.loc["gradient checkpointing"].time_ratio == pytest.approx(1.3)
+    assert freeze.time_beyond_spread is True and frame.loc["gradient checkpointing"].time_beyond_spread is False
     quant = frame.loc["int8 quantization"]
     assert quant.time_ratio == pytest.approx(0.25) and quant.size_ratio == pytest.approx(320 / 1200)
     assert quant.time_basis == "CPU inference latency"
     assert frame.loc["LoRA"].pairs == 0 and frame.loc["mixed precision"].pairs == 0
     assert list(frame.notebook) == sorted(frame.notebook)
     text = lab.summary_finding(frame.reset_index())
-    assert "Most time saved: 06 int8 quantization" in text and "Not run yet" in text and "08 LoRA" in text
+    assert text.startswith("Most saved here, time: 06 int8 quantization (0.25x)") and "\n" not in text
+    assert "not run yet on this machine" in text and "08 LoRA" in text
 
 
 def test_reference_rows_give_amps_published_speedup_as_a_time_ratio():
@@ -164,3 +178,10 @@ def test_broken_configs_and_the_panel(base):
     run = lab.panel_run(lab.panel_config(base).replace(batch_size=64))
     assert run.model_size_bytes < 0.4 * 1.2e6 and 0 <= run.accuracy <= 1 and "int8_static" in str(run)
     assert run.setting == "bs64 fp32 ckpt 8bit freeze medium int8_static" and run.to_row()["setting"] == run.setting
+
+
+def test_summary_finding_names_a_time_saving_only_beyond_the_runs_spread():
+    frame = pd.DataFrame({"label": ["03 gradient checkpointing", "05 freezing"], "pairs": [1, 1],
+                          "time_ratio": [0.4, 0.8], "time_beyond_spread": [False, True],
+                          "memory_ratio": [1.0, 0.5], "size_ratio": [1.0, 1.0]})
+    assert lab.summary_finding(frame) == "Most saved here, time: 05 freezing (0.80x); peak memory: 05 freezing (0.50x)."

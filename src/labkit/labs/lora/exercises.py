@@ -32,8 +32,8 @@ def _count_hint(value: float, expected: float) -> str | None:
 
 EXERCISES.add(Exercise(
     name="08.own_count",
-    template=("In your sweep, LoRA on qkv trained {trainable_low} parameters at rank {rank_low} and {trainable_high} at "
-              "rank {rank_high}. How many will it train at rank {rank_new}?"),
+    template=("In your sweep, LoRA on qkv trained {trainable_low} parameters at rank {rank_low} and {trainable_high} "
+              "at rank {rank_high}. How many will it train at rank {rank_new}?"),
     numbers={"rank_low": 2, "trainable_low": 5_642, "rank_high": 16, "trainable_high": 34_314, "rank_new": 32},
     solution="trainable_low + (trainable_high - trainable_low) / (rank_high - rank_low) * (rank_new - rank_low)",
     hint=("the adapters grow linearly with the rank (rank x (in + out) per layer); the head's parameters do not "
@@ -57,7 +57,8 @@ EXERCISES.add(Exercise(
     name="08.adam_state",
     template=("A {layers}-layer LLaMA-style model of hidden size {hidden} gets LoRA of rank {rank} on its q and v "
               "projections (each hidden x hidden). AdamW keeps two float32 states per trainable parameter. How many "
-              "MB (1e6 bytes) of optimizer state do the adapters need? (Full fine-tuning of its 7e9 parameters: 56,000 MB.)"),
+              "MB (1e6 bytes) of optimizer state do the adapters need? (Full fine-tuning of its 7e9 parameters: "
+              "56,000 MB.)"),
     numbers={"layers": 32, "hidden": 4096, "rank": 8},
     solution="layers * 2 * rank * (hidden + hidden) * 2 * 4 / 1e6",
     hint="per layer 2 projections x rank x (in + out) parameters; times 2 states x 4 bytes; divide by 1e6",
@@ -89,8 +90,9 @@ def _check_lora_forward(forward) -> str:
             except NotImplementedError:
                 raise  # not attempted yet
             except RuntimeError as error:
-                raise WrongAnswer(f"08.lora_forward: {str(error).splitlines()[0]} (in={in_features}, out={out_features}, "
-                                  f"rank={rank}). Hint: x @ A.T is (..., rank), then @ B.T is (..., out)") from None
+                raise WrongAnswer(f"08.lora_forward: {str(error).splitlines()[0]} (in={in_features}, "
+                                  f"out={out_features}, rank={rank}). Hint: x @ A.T is (..., rank), then @ B.T is "
+                                  "(..., out)") from None
             if got.shape != expected.shape:
                 raise WrongAnswer(f"08.lora_forward: output shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
             base = F.linear(x, args[0], args[1])
@@ -104,8 +106,9 @@ def _check_lora_forward(forward) -> str:
             if rank != 1 and torch.allclose(got, base + update * rank * rank, atol=1e-4):
                 raise WrongAnswer("08.lora_forward: the update is scaled by alpha x rank; LoRA scales by alpha / rank")
             if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
-                raise WrongAnswer(f"08.lora_forward: for in={in_features}, out={out_features}, rank={rank}, alpha={alpha:g} "
-                                  f"your output differs from LoRALinear's by up to {float((got - expected).abs().max()):.3g}")
+                off = float((got - expected).abs().max())
+                raise WrongAnswer(f"08.lora_forward: for in={in_features}, out={out_features}, rank={rank}, "
+                                  f"alpha={alpha:g} your output differs from LoRALinear's by up to {off:.3g}")
     return ("Your forward equals labkit's LoRALinear on four shapes and ranks: W x + b + (alpha / rank) B A x, "
             "with the update as two thin matmuls.")
 

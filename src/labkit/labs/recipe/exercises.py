@@ -14,7 +14,7 @@ from ...exercises import (
     Exercises,
     WrongAnswer,
 )
-from . import Stage, measured_order
+from .stages import Stage, measured_order
 
 EXERCISES = Exercises()
 
@@ -79,13 +79,14 @@ def _check_measured_order(order) -> str:
                               "memory_ratio, time_ratio and inference") from None
         if sorted(got) != sorted(expected):
             raise WrongAnswer(f"09.measured_order: return every stage name once; got {got}")
-        descending = sorted(alone, key=lambda n: (alone[n]["inference"], -alone[n]["memory_ratio"] * alone[n]["time_ratio"]))
+        descending = sorted(alone, key=lambda n: (alone[n]["inference"],
+                                                  -alone[n]["memory_ratio"] * alone[n]["time_ratio"]))
         if got in (list(reversed(expected)), descending):
             raise WrongAnswer("09.measured_order: reversed: the smallest ratio (the most saved) comes first")
         inference = [name for name in got if alone[name]["inference"]]
         if got[-len(inference):] != inference:
-            raise WrongAnswer("09.measured_order: the inference stages (quantization, pruning) act on the trained model "
-                              "and go after every training stage")
+            raise WrongAnswer("09.measured_order: the inference stages (quantization, pruning) act on the trained "
+                              "model and go after every training stage")
         if got != expected:
             by_memory = sorted(alone, key=lambda n: (alone[n]["inference"], alone[n]["memory_ratio"]))
             hint = ("you ranked by memory alone; rank by memory ratio x time ratio" if got == by_memory else
