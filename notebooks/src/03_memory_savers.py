@@ -17,14 +17,14 @@
 #    32-bit state (`min_8bit_size`), and what paged optimizers are for;
 # 4. the recommended order of memory savers, made measurable: baseline, +AMP, +checkpointing, +8-bit, all.
 #
-# **What you need:** notebook 00 (memory by category) and notebook 01 (mixed precision, one of the
-# stacked savers); notebook 02's memory line helps. A CPU is fine: memory is counted exactly there and
-# bitsandbytes 0.50+ runs its 8-bit optimizers on a CPU; only paged optimizers need a CUDA GPU, and
-# step times are this machine's.
+# **What you need:** notebooks 00 (memory by category) and 01 (mixed precision); notebook 02's memory
+# line helps. A CPU is fine: memory is counted exactly there, and bitsandbytes 0.50+ runs its 8-bit
+# optimizers on a CPU. Only paged optimizers need a CUDA GPU. No section shows only noise on a CPU; step
+# times are this machine's, and a verdict calls one changed only beyond its measured spread.
 
 # %%
 import labkit
-from labkit import guesses, plots, views
+from labkit import display, guesses, plots, views
 from labkit.labs import memory_savers as lab  # this notebook's experiments and findings
 from labkit.labs.memory_savers import exercises  # this notebook's exercises: question, check, solution
 from labkit.techniques import checkpointing
@@ -36,20 +36,19 @@ labkit.env_report()
 # %% [markdown]
 # ## 1. Where the bytes go
 # Training keeps, per parameter: the **weights**, a **gradient**, and the **optimizer state** (AdamW:
-# two moments, 8 bytes in fp32; SGD with momentum: 4 bytes; 8-bit AdamW: about 2 bytes). Mixed precision
-# with half-precision weights adds an fp32 **master copy** (4 bytes): ZeRO's count for mixed-precision
-# Adam is 2 + 2 + 12 = 16 bytes per parameter. (PyTorch's autocast keeps the weights in fp32 instead, so
-# its per-parameter count is the fp32 one: 4 + 4 + 8.) Then come the **activations**, which depend on the
-# batch, not on the parameter count.
+# two moments, 8 bytes in fp32; SGD with momentum: 4; 8-bit AdamW: about 2). Half-precision weights add
+# an fp32 **master copy** (4 bytes): ZeRO's count for mixed-precision Adam is 2 + 2 + 12 = 16 bytes per
+# parameter. (PyTorch's autocast keeps fp32 weights, so its count is the fp32 one: 4 + 4 + 8.) Then come
+# the **activations**, which depend on the batch, not on the parameter count $N$.
 #
-# $$\text{fixed bytes} = N_{\text{params}} \times (b_{\text{weights}} + b_{\text{grads}} + b_{\text{optimizer}} + b_{\text{master}})$$
+# $$\text{fixed bytes} = N \times (b_{\text{weights}} + b_{\text{grads}} + b_{\text{optimizer}} + b_{\text{master}})$$
 #
 # `labkit.training_memory` does this accounting. First, on this notebook's model, against a measured step:
 
 # %%
 cfg = labkit.config.baseline(P)
 check = lab.calculator_check(cfg)
-check
+display.table(check, ["component", "calculated_bytes", "measured_bytes", "difference_bytes", "rounding_bytes"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # within 1 %, plus the CUDA allocator's rounding of every tensor up to a multiple of 512 bytes
@@ -58,15 +57,18 @@ check8 = lab.calculator_check(cfg.replace(optimizer="adamw8bit"))
 assert (check8.difference_bytes.abs() <= 0.01 * check8.measured_bytes + check8.rounding_bytes).all()
 
 # %% [markdown]
-# The same arithmetic for large models (GB = $10^9$ bytes):
+# The same arithmetic for a 7B model (pass other sizes, e.g. `{"175B": 175e9}`, to see theirs):
 
 # %%
-lab.scale_table()[["model", "setup", "weights_bytes", "gradients_bytes", "optimizer_state_bytes",
-                      "master_weights_bytes", "bytes_per_param", "total_gb"]]
+display.table(lab.scale_table({"7B": 7e9}), ["setup", "weights_bytes", "gradients_bytes", "optimizer_state_bytes",
+                                             "master_weights_bytes", "bytes_per_param", "total_bytes"])
 
 # %% [markdown]
-# A claim that circulates: *"8-bit Adam cuts a 175B model's optimizer memory from 1.2 TB to 0.3 TB."*
-# Computed:
+# A figure that circulates in blog posts and slides about 8-bit optimizers: *"8-bit Adam cuts a 175B
+# model's optimizer memory from 1.2 TB to 0.3 TB."* AdamW's two fp32 moments are 8 bytes per parameter;
+# 8-bit AdamW's are 2 bytes plus one fp32 scale per 256 values of each moment, 2.03 bytes. The next cell
+# computes both in TB ($10^{12}$ bytes) and TiB ($2^{40}$), and with the fp32 master weights that ZeRO
+# counts as optimizer state, and says which reading gives the claim's numbers:
 
 # %%
 print(lab.optimizer_claim(175e9, (1.2, 0.3)))
@@ -75,18 +77,13 @@ print(lab.optimizer_claim(175e9, (1.2, 0.3)))
 # ## 2. Gradient checkpointing
 # The forward pass saves activations for the backward pass. Checkpointing splits the model's blocks into
 # **segments**, keeps only each segment's input, and reruns the segment's forward during the backward
-# pass to get the rest. labkit wraps the blocks with `torch.utils.checkpoint` (`use_reentrant=False`):
-# `RunConfig(checkpointing=True)` makes every block its own segment, `checkpointing=k` groups them
-# into $k$ segments. For $n$ equal blocks that each store one tensor the size of their input, stored
-# memory is about
-# $\underbrace{k}_{\text{segment inputs}} + \underbrace{n/k}_{\text{one segment recomputed}}$ such tensors,
-# smallest at $k = \sqrt{n}$ (Chen et al., 2016); the price is one extra forward pass, about a third
-# more FLOPs. Real blocks store several tensors each and differ in size, so the measured optimum can
-# differ; labkit's cost model (below) uses the bytes each block really stores.
-#
-# One detail matters for correctness: BatchNorm layers update their running statistics in the forward
-# pass, so a naive recompute would update them twice. labkit's checkpointing keeps them exact; the tests
-# check that loss, gradients and running statistics equal the unchecked run's.
+# pass. labkit wraps the blocks with `torch.utils.checkpoint` (`use_reentrant=False`):
+# `RunConfig(checkpointing=True)` makes every block its own segment, `checkpointing=k` groups them into
+# $k$ segments. For $n$ equal blocks that each store one tensor the size of their input, stored memory
+# is about $\underbrace{k}_{\text{segment inputs}} + \underbrace{n/k}_{\text{one segment recomputed}}$
+# such tensors, smallest at $k = \sqrt{n}$ (Chen et al., 2016); the price is one extra forward pass,
+# about a third more FLOPs. Real blocks store several tensors each and differ in size, so the measured
+# optimum can differ; labkit's cost model (below) uses the bytes each block really stores.
 
 # %% [markdown]
 # **The mechanism.** Checkpointing in your own forward is one line per block. Below, the notebook's model
@@ -135,11 +132,11 @@ if labkit.models.has_batchnorm(plain):
     assert counted["labkit"] == counted["plain"] == 1 and counted["yours"] == 2
 
 # %% [markdown]
-# The plain version's BatchNorm layers counted the batch twice: the recomputation in the backward pass
-# ran their forward a second time, in training mode, and updated the running statistics again (a
-# checkpointed model that has BatchNorm drifts from the unchecked one over a fine-tune). labkit's
-# checkpointing gives the recomputation scratch copies of the statistics. In a transformer, with
-# LayerNorm, the one-liner is all there is.
+# The plain version's BatchNorm layers counted the batch twice: the recomputation ran their forward a
+# second time, in training mode, and updated the running statistics again, so a checkpointed model with
+# BatchNorm drifts from the unchecked one over a fine-tune. labkit's checkpointing gives the
+# recomputation scratch copies of the statistics. In a transformer, with LayerNorm, the one-liner is
+# all there is.
 #
 # **Predict first.** The trade-off below checkpoints ever more segments. With every block checkpointed,
 # what will the step's **peak** memory be as a fraction of the unchecked step's (0..1)? And the
@@ -160,8 +157,8 @@ print(guesses.versus(guess_activation_fraction, every.activation_ratio, "activat
 plots.checkpoint_tradeoff(tradeoff);
 
 # %%
-tradeoff[["segments", "segment_blocks", "peak_memory_bytes", "mem_activations_bytes", "step_time_s",
-          "peak_ratio", "activation_ratio", "time_ratio", "flops_ratio", "predicted_activation_ratio"]]
+display.table(tradeoff, ["segments", "segment_blocks", "peak_memory_bytes", "mem_activations_bytes",
+                         "predicted_activation_bytes", "step_time_s", "flops_ratio"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: checkpointing stores fewer activations, costs FLOPs, and learns the same
@@ -174,19 +171,20 @@ assert (ok.flops_ratio.iloc[1:] > 1.1).all(), "the recomputed forward costs FLOP
 assert ok.accuracy.max() - ok.accuracy.min() <= labkit.measure.accuracy_noise(ok.accuracy.mean(), P.test_size)
 
 # %% [markdown]
-# How to read it: the left chart is the memory side (the dashed line is the cost model's prediction
-# from the bytes each block saves), the right chart the trade: every point is a segment count, further
-# left is faster, lower is smaller. The printed sentence says what *this* run saved and what it cost. A
-# common claim is "over 40 % memory saved"; that is often true of the activations and rarely of the
-# peak of a small model, because the peak moves into the backward pass, where a recomputed segment's
-# activations and their gradients are alive together. Larger models with many equal blocks (transformers)
-# get much closer to the textbook curve.
+# The left chart is the memory side (dashed: the cost model's prediction), the right chart the trade:
+# each point is a segment count, further left is faster, lower is smaller. Blog posts on checkpointing
+# often promise *"over 40 % memory saved"*. That is often true of the activations and rarely of the peak
+# of a small model: the peak moves into the backward pass, where a recomputed block's activations and
+# their gradients are alive together, and no grouping of whole blocks into segments splits a block (the
+# printed peak then falls much less than the activations). Models with many equal blocks (transformers)
+# come much closer to the textbook curve, and there the sqrt(n) rule's choice gives the lowest peak. The
+# step time counts as changed only outside the runs' p10-p90 spreads.
 
 # %% [markdown]
-# **The next step: selective checkpointing.** Recomputing a whole segment repeats its expensive matrix
-# multiplies. A policy chooses per operation what to save and what to recompute: below, it saves the
-# outputs of matrix multiplies and recomputes everything else (activation functions, normalisation), on
-# a stack of transformer-style MLP blocks. It is plain PyTorch (`torch.utils.checkpoint`, PyTorch 2.4+):
+# **The next step: selective checkpointing.** Recomputing a whole segment repeats its costly matrix
+# multiplies. A policy chooses per operation what to save: below, it saves the matrix multiplies'
+# outputs and recomputes the rest (activations, normalisation), on a stack of transformer-style MLP
+# blocks, in plain PyTorch (`torch.utils.checkpoint`, 2.4+):
 
 # %%
 import functools
@@ -210,36 +208,37 @@ variants = lab.checkpoint_variants({"no checkpointing": lambda block, x: block(x
                                     "full checkpointing": lambda block, x: checkpoint(block, x, use_reentrant=False),
                                     "selective (save matmuls)": selective})
 print(lab.variants_finding(variants))
-variants[["variant", "activation_bytes", "flops", "step_time_s", "activation_ratio", "flops_ratio", "max_grad_diff"]]
+display.table(variants, ["variant", "activation_bytes", "activation_ratio", "flops_ratio", "step_time_s",
+                         "max_grad_diff"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: selective checkpointing sits between none and full, with no extra FLOPs
 v = variants.set_index("variant")
 assert (v.max_grad_diff < 1e-5).all(), "every variant computes the same gradients"
-assert v.activation_bytes["full checkpointing"] < v.activation_bytes["selective (save matmuls)"] < v.activation_bytes["no checkpointing"]
+stored = v.activation_bytes
+assert stored["full checkpointing"] < stored["selective (save matmuls)"] < stored["no checkpointing"]
 assert v.flops["selective (save matmuls)"] == v.flops["no checkpointing"] < v.flops["full checkpointing"]
 
 # %% [markdown]
-# Selective checkpointing sits between the two ends: it stored less than the plain forward and
-# recomputed no matrix multiply (the same FLOPs), while full checkpointing stored least and paid for
-# recomputing part of each block's forward. (Not all of it: torch stops a recomputation as soon as the
-# tensors the backward pass needs exist again, so a block's last matrix multiply is not rerun; the
-# printed FLOPs ratio is exact.) Which ops to save is the knob: saving nothing but the block inputs is
-# full checkpointing, saving everything is no checkpointing.
+# Selective checkpointing sits between the two ends: it stores less than the plain forward and
+# recomputes no matrix multiply (the same FLOPs); full checkpointing stores least and recomputes part of
+# each block's forward (torch stops a recomputation once the tensors the backward needs exist again, so a
+# block's last matrix multiply is not rerun). The FLOPs are counted exactly. Times depend on the machine:
+# the policy runs in Python for every operation, an overhead that can make selective checkpointing slower
+# than full on a CPU or with small blocks; a time counts as changed only outside the p10-p90 spreads.
 
 # %% [markdown]
 # ## 3. 8-bit optimizers
 # bitsandbytes' `AdamW8bit` keeps each moment as 1 byte per value, quantised in blocks of 256 values with
-# one fp32 scale per block, and dequantises on the fly in `step()`. Version 0.50 runs it on the CPU too,
-# so what follows is the real optimizer, not a simulation. Tensors with fewer than `min_8bit_size`
-# (4096) elements keep fp32 state: the saving is not worth the error there. Tensor by tensor, after one
-# step:
+# one fp32 scale per block, and dequantises on the fly in `step()`. Version 0.50 runs it on the CPU too:
+# the real optimizer, not a simulation. Tensors with fewer than `min_8bit_size` (4096) elements keep fp32
+# state: the saving is not worth the error there.
 
 # %% [markdown]
-# **The mechanism.** In your own loop the 8-bit optimizer is a one-line swap; the check below compares it
-# with what labkit builds for `RunConfig(optimizer="adamw8bit")`, after one step from the same weights.
-# Pass `weight_decay` explicitly in both: `torch.optim.AdamW` and `bnb.optim.AdamW8bit` default to 0.01,
-# labkit's `RunConfig` to 0.
+# **The mechanism.** In your own loop the 8-bit optimizer is a one-line swap; the check compares it with
+# what labkit builds for `RunConfig(optimizer="adamw8bit")`, after one step from the same weights. Pass
+# `weight_decay` explicitly: `torch.optim.AdamW` and `bnb.optim.AdamW8bit` default to 0.01, `RunConfig`
+# to 0.
 
 # %%
 import bitsandbytes as bnb
@@ -261,20 +260,26 @@ assert type(optimizer) is type(engine_optimizer)
 assert all(torch.equal(a, b) for a, b in zip(model.parameters(), engine_model.parameters(), strict=True))
 assert labkit.measure.optimizer_state_bytes(optimizer) == labkit.measure.optimizer_state_bytes(engine_optimizer)
 
+# %% [markdown]
+# The state after one step, tensor by tensor (`state`, first rows below) and summed by kind:
+
 # %%
 trainer = labkit.train.Trainer(cfg.replace(optimizer="adamw8bit"))
 trainer.step(*next(iter(trainer.loader)))
 state = lab.optimizer_state_table(trainer.optimizer, trainer.model)
-print(state.groupby("below_min_8bit_size")[["numel", "state_bytes"]].sum())
-state.head(8)
+display.table(state.head(6), ["tensor", "numel", "state_dtype", "state_bytes", "bytes_per_param"])
+
+# %%
+display.table(lab.state_summary(state))
 
 # %% [markdown]
 # So a model saves less the more of its parameters sit in small tensors (BatchNorm, biases, depthwise
 # convolutions), whatever its total size. Computed from the tensor sizes of each model labkit knows (no
-# training needed; compare `share_below` with `state_ratio`):
+# training; compare the share below `min_8bit_size` with the state ratio):
 
 # %%
-lab.eight_bit_savings()
+display.table(lab.eight_bit_savings(), ["model", "num_params", "below_min_8bit_share", "adamw_state_bytes",
+                                        "adamw8bit_state_bytes", "state_ratio", "bytes_per_param"])
 
 # %% [markdown]
 # Does it cost accuracy? The same fine-tune with AdamW and with 8-bit AdamW. **Predict first:** the
@@ -286,9 +291,9 @@ guess_state_fraction = None  # YOUR GUESS: 8-bit AdamW state / AdamW state, e.g.
 # %%
 eight = labkit.sweep(cfg, optimizer=["adamw", "adamw8bit"])
 by = eight.set_index("optimizer")
-print(guesses.versus(guess_state_fraction, by.mem_optimizer_state_bytes["adamw8bit"] / by.mem_optimizer_state_bytes["adamw"],
-                     "8-bit AdamW state / AdamW state"))
-eight[["optimizer", "mem_optimizer_state_bytes", "peak_memory_bytes", "step_time_s", "accuracy"]]
+fraction = by.mem_optimizer_state_bytes["adamw8bit"] / by.mem_optimizer_state_bytes["adamw"]
+print(guesses.versus(guess_state_fraction, fraction, "8-bit AdamW state / AdamW state"))
+display.table(eight, ["optimizer", "mem_optimizer_state_bytes", "peak_memory_bytes", "step_time_s", "accuracy"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: 8-bit state is under half of AdamW's, at about the same accuracy
@@ -297,16 +302,15 @@ assert abs(by.accuracy["adamw8bit"] - by.accuracy["adamw"]) < 0.1
 
 # %% [markdown]
 # **Paged optimizers** (`optimizer="paged_adamw8bit"`) put the state in CUDA unified memory, which the
-# driver pages out to CPU RAM when the GPU runs short, instead of failing with out-of-memory. They need a
-# CUDA GPU; on a CPU labkit refuses them with a clear error rather than quietly running plain `adamw8bit`.
+# driver pages out to CPU RAM when the GPU runs short, instead of failing. They need a CUDA GPU; on a CPU
+# labkit refuses them with a clear error rather than quietly running plain `adamw8bit`.
 
 # %% [markdown]
 # ## 4. The staged view
-# The usual advice is to apply memory savers in order of cost: mixed precision first (on a GPU
-# with tensor cores it is usually free or faster; on a CPU without native fp16/bf16 arithmetic it can
-# be slower, as notebook 01 measured), then checkpointing (costs time), then an 8-bit optimizer (costs a little accuracy
-# risk), then all of them together. Each stage below adds one saver to the baseline, the last stage all
-# three:
+# Tutorials on memory-efficient training usually give an order of cost: mixed precision first (on a GPU
+# with tensor cores usually free or faster; on a CPU without native fp16/bf16 it can be slower, as
+# notebook 01 measured), then checkpointing (costs time), then an 8-bit optimizer (a little accuracy
+# risk). Each stage below adds one saver to the baseline, the last all three:
 
 # %%
 staged = lab.staged_runs(cfg)
@@ -322,10 +326,11 @@ assert st.peak_memory_bytes["all together"] < st.peak_memory_bytes["baseline"]
 assert st.mem_optimizer_state_bytes["+8-bit optimizer"] < st.mem_optimizer_state_bytes["baseline"]
 
 # %% [markdown]
-# Which saver matters depends on where the memory is (the last printed line ranks them for this run):
-# where activations dominate, as in a small CNN at a useful batch size, AMP and checkpointing shrink the
-# activation segment of the stack, though the *peak* may follow less (section 2); where the fixed part
-# dominates, as in a large language model (section 1), the 8-bit optimizer moves it most.
+# Which saver matters depends on where the memory is (the printed line ranks them for this run): where
+# activations dominate, as in a small CNN at a useful batch size, AMP and checkpointing shrink the
+# activation segment, though the *peak* may follow less (section 2); where the fixed part dominates, as
+# in a large language model (section 1), the 8-bit optimizer saves most. The step time of all three
+# together counts as changed only outside the runs' p10-p90 spreads.
 
 # %% [markdown]
 # ## 5. Your turn: the panel
@@ -344,12 +349,12 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | checkpointing saved activations but not the peak | the peak moved into the backward pass | more segments, or checkpoint the largest blocks; measure the peak, not only activations |
-# | BatchNorm statistics drift with checkpointing | the recompute updated running stats twice | labkit keeps them exact; in your own code, guard the recompute |
+# | checkpointing saved activations, not the peak | the peak moved into the backward pass | measure the peak |
+# | BatchNorm statistics drift with checkpointing | the recompute updated them twice | guard the recompute |
 # | `use_reentrant` warning or wrong gradients | the old reentrant checkpoint | `use_reentrant=False` |
-# | 8-bit optimizer saves less than 4x | small tensors keep fp32 state (`min_8bit_size`), plus block scales | expected when many parameters sit in small tensors; the saving approaches 4x for large ones |
+# | 8-bit optimizer saves less than 4x | small tensors keep fp32 state, plus block scales | expected |
 # | paged optimizer on a CPU | unified memory is a CUDA feature | `adamw8bit` on a CPU |
-# | memory looks unchanged | reading reserved memory / nvidia-smi | compare allocated peaks (labkit does) |
+# | memory looks unchanged | reading reserved memory / nvidia-smi | allocated peaks (labkit's) |
 
 # %% [markdown]
 # ## Going further
@@ -362,15 +367,14 @@ panel
 
 # %% [markdown]
 # ## Summary
-# - Fixed memory is bytes per parameter x parameters: 16 B for AdamW in fp32 or in mixed precision with
-#   master weights (the accounting of ZeRO, Rajbhandari et al. 2020, https://arxiv.org/abs/1910.02054),
-#   about 10 B with 8-bit AdamW and master weights (`labkit.training_memory`, section 1).
-# - Checkpointing is `x = checkpoint(block, x, use_reentrant=False)` per block: at most one extra forward pass
-#   for activation memory; the sqrt(n) rule is the textbook optimum for equal blocks, and the peak can fall
-#   less than the activations. Selective checkpointing recomputes only the cheap ops.
+# - Fixed memory is bytes per parameter x parameters: 16 B for AdamW in fp32, or in mixed precision with
+#   master weights (ZeRO's accounting); about 10 B with 8-bit AdamW and master weights.
+# - Checkpointing is `x = checkpoint(block, x, use_reentrant=False)` per block: at most one extra forward
+#   for activation memory; the peak can fall less than the activations. Selective checkpointing
+#   recomputes only the cheap ops.
 # - `bnb.optim.AdamW8bit(params, lr=...)` replaces `torch.optim.AdamW`: about 4x less optimizer state on
 #   large tensors, less on small models.
-# - Stack savers in order of cost and measure each stage, as section 4 did.
+# - Stack savers in order of cost and measure each stage.
 
 # %% [markdown]
 # ## Further reading
@@ -403,9 +407,10 @@ def my_checkpointed_forward(blocks, x):
 exercises.check("03.checkpoint", my_checkpointed_forward)
 
 # %% [markdown]
-# The next one uses **your own** model's tensor sizes, from the table of section 3. The line under the
-# check compares your arithmetic with the bytes the optimizer really holds. Why does a model with more of
-# its parameters in small tensors save less?
+# The next one uses **your own** model's tensor sizes, from section 3. Under the check, your arithmetic
+# stands beside the bytes the optimizer really holds: the difference is the two quantisation maps shared
+# by all tensors (256 float32 values each) and block counts rounded up to whole blocks. Why does a model
+# with more of its parameters in small tensors save less?
 
 # %%
 mine = lab.eight_bit_numbers(state)  # your model's tensor sizes, from section 3

@@ -11,6 +11,8 @@ import labkit
 from labkit import capacity, models, plots
 from labkit.errors import ConfigError
 from labkit.labs import batch_size as batch_lab
+from labkit.labs.batch_size import sweep
+from labkit.measure import accuracy_noise
 from labkit.result import RunResult
 
 # models
@@ -51,11 +53,15 @@ def test_batch_sweep_columns_epoch_time_and_cache(tiny_cfg, monkeypatch, tmp_pat
     monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
     df = batch_lab.batch_sweep(tiny_cfg, [16, 32], lr_scaling="linear", base_batch_size=16, epochs=1)
     for column in ("batch_size", "step_time_s", "peak_memory_bytes", "accuracy", "error", "steps_per_epoch",
-                   "epoch_time_s", "lr", "lr_scaling", "inference_time_s", "inference_per_sample_s"):
+                   "epoch_time_s", "epoch_time_p10_s", "epoch_time_p90_s", "lr", "lr_scaling", "inference_time_s",
+                   "inference_time_p10_s", "inference_time_p90_s", "inference_per_sample_s"):
         assert column in df, column
     assert df.error.isna().all() and df.max_steps.isna().all() and df.epochs.eq(1).all()
     assert df.steps_per_epoch.tolist() == [8, 4] and df.steps.tolist() == [8, 4]
     assert df.epoch_time_s.tolist() == pytest.approx((df.step_time_s * df.steps_per_epoch).tolist())
+    assert df.epoch_time_p90_s.tolist() == pytest.approx((df.step_time_p90_s * df.steps_per_epoch).tolist())
+    assert (df.inference_time_p10_s <= df.inference_time_s).all()
+    assert (df.inference_time_s <= df.inference_time_p90_s).all()
     assert df.lr.tolist() == pytest.approx([1e-3, 2e-3]) and set(df.lr_scaling) == {"linear"}
     assert (df.inference_time_s > 0).all()
     assert df.inference_time_s.tolist() == pytest.approx((df.inference_batch_latency_s * [16, 8]).tolist())
@@ -65,7 +71,7 @@ def test_batch_sweep_columns_epoch_time_and_cache(tiny_cfg, monkeypatch, tmp_pat
         raise AssertionError("a cached result should have been used")
 
     monkeypatch.setattr("labkit.results.fit", must_not_run)
-    monkeypatch.setattr(batch_lab._InferenceTimer, "measure", must_not_run)
+    monkeypatch.setattr(sweep._InferenceTimer, "measure", must_not_run)
     again = batch_lab.batch_sweep(tiny_cfg, [16, 32], lr_scaling="linear", base_batch_size=16, epochs=1)
     pd.testing.assert_frame_equal(again, df)
 
@@ -91,37 +97,59 @@ def test_batch_sweep_defaults_come_from_the_profile(tiny_cfg, monkeypatch):
     assert len(ran) == 4  # invalid sweeps run nothing
 
 
-def _sweep_frame(accuracy, inference_s=(0.040, 0.041, 0.042, 0.043), epoch_s=(0.5, 0.4, 0.3, 0.28)):
+def _sweep_frame(accuracy, inference_s=(0.040, 0.041, 0.042, 0.043), epoch_s=(0.5, 0.4, 0.3, 0.28), spread=0.02):
+    """A batch_sweep frame; each timing's p10-p90 spread is its value -/+ ``spread`` (a share)."""
     sizes = [8, 16, 32, 64]
-    return pd.DataFrame({"batch_size": sizes, "peak_memory_bytes": [4e6 + 4e5 * b for b in sizes],
-                         "epoch_time_s": list(epoch_s), "inference_time_s": list(inference_s),
-                         "accuracy": list(accuracy), "profile": "ci", "error": None})
+    frame = pd.DataFrame({"batch_size": sizes, "peak_memory_bytes": [4e6 + 4e5 * b for b in sizes],
+                          "epoch_time_s": list(epoch_s), "inference_time_s": list(inference_s),
+                          "accuracy": list(accuracy), "profile": "ci", "error": None})
+    for column in ("epoch_time", "inference_time"):
+        frame[f"{column}_p10_s"] = frame[f"{column}_s"] * (1 - spread)
+        frame[f"{column}_p90_s"] = frame[f"{column}_s"] * (1 + spread)
+    return frame
 
 
-def test_seed_claims_verdicts_follow_the_numbers():
-    claims = batch_lab.seed_claims(_sweep_frame([0.90, 0.85, 0.70, 0.60])).set_index("claim")
-    assert claims.loc["memory grows linearly with the batch size", "verdict"] == "reproduced"
-    assert "R^2 = 1.0000" in claims.loc["memory grows linearly with the batch size", "measured"]
-    assert claims.loc["training time per epoch falls as the batch grows", "measured"] == (
-        "0.50 s per epoch at batch 8, 0.28 s at 64 (0.56x)")
-    assert claims.loc["inference time barely moves with the batch size", "verdict"] == "reproduced"
-    assert claims.loc["small batches generalise better (Keskar et al. 2017)", "verdict"] == "reproduced"
-    refuted = batch_lab.seed_claims(_sweep_frame([0.60, 0.80, 0.75, 0.90], inference_s=(0.08, 0.05, 0.04, 0.03),
-                                                epoch_s=(0.5, 0.5, 0.5, 0.5))).set_index("claim").verdict
+MEMORY, EPOCH, INFERENCE, ACCURACY = batch_lab.FOLK_CLAIMS
+
+
+def test_folk_claims_verdicts_follow_the_numbers_and_the_noise():
+    claims = batch_lab.folk_claims(_sweep_frame([0.90, 0.85, 0.70, 0.60])).set_index("claim")
+    assert list(claims.index) == list(batch_lab.FOLK_CLAIMS)
+    assert claims.loc[MEMORY, "verdict"] == "reproduced"
+    assert claims.loc[MEMORY, "measured"] == "peak = 3.81 MiB + 391 KiB x batch, R^2 above 0.999"
+    assert claims.loc[EPOCH, "measured"] == "0.5 s per epoch at batch 8, 0.28 s at 64 (0.56x)"
+    assert claims.loc[EPOCH, "verdict"] == "reproduced"
+    # 40 to 43 ms: the slowest's p10 (42.1 ms) lies above the fastest's p90 (40.8 ms): a real, if small, change
+    assert claims.loc[INFERENCE, "verdict"] == "refuted"
+    assert claims.loc[ACCURACY, "verdict"] == "reproduced"
+    assert claims.loc[ACCURACY, "measured"].endswith("; test-set noise 5.8 points")
+    noisy = batch_lab.folk_claims(_sweep_frame([0.7] * 4, spread=0.5)).set_index("claim").verdict
+    assert noisy[EPOCH] == "inconclusive" and noisy[INFERENCE] == "reproduced"  # within the spread
+    refuted = batch_lab.folk_claims(_sweep_frame([0.60, 0.80, 0.75, 0.90], inference_s=(0.08, 0.05, 0.04, 0.03),
+                                                 epoch_s=(0.3, 0.4, 0.5, 0.6))).set_index("claim").verdict
     assert list(refuted) == ["reproduced", "refuted", "refuted", "refuted"]
-    turning = batch_lab.seed_claims(_sweep_frame([0.7, 0.8, 0.75, 0.6], epoch_s=(0.5, 0.3, 0.2, 0.35)))
-    turning = turning.set_index("claim").loc["training time per epoch falls as the batch grows"]
+    flat = batch_lab.folk_claims(_sweep_frame([0.7] * 4, epoch_s=(0.5, 0.5, 0.5, 0.5))).set_index("claim")
+    assert flat.verdict[EPOCH] == "inconclusive" and flat.measured[EPOCH].endswith("spread of the step times")
+    turning = batch_lab.folk_claims(_sweep_frame([0.7, 0.8, 0.75, 0.6], epoch_s=(0.5, 0.3, 0.2, 0.35)))
+    turning = turning.set_index("claim").loc[EPOCH]
     assert turning.verdict == "partly: falls up to batch 32, then rises"
-    assert turning.measured.endswith("; fastest 0.20 s at batch 32, slower beyond")
-    flat = batch_lab.seed_claims(_sweep_frame([0.700, 0.701, 0.700, 0.701])).set_index("claim").verdict
-    assert flat["small batches generalise better (Keskar et al. 2017)"] == "inconclusive"  # 0.1 pp < one of 256 images
+    assert turning.measured.endswith("; fastest 0.2 s at batch 32")
+    old = _sweep_frame([0.7] * 4).drop(columns=["epoch_time_p10_s", "inference_time_p90_s"])  # no spread cached
+    assert set(batch_lab.folk_claims(old).verdict[1:3]) == {"inconclusive"}
+    flat = batch_lab.folk_claims(_sweep_frame([0.700, 0.701, 0.700, 0.701])).set_index("claim").verdict
+    assert flat[ACCURACY] == "inconclusive"  # 0.1 pp < one of 256 images
     # the smallest batch beats the largest, but the halves do not differ: one end decides nothing
-    ends = batch_lab.seed_claims(_sweep_frame([0.90, 0.70, 0.90, 0.70])).set_index("claim")
-    assert ends.verdict["small batches generalise better (Keskar et al. 2017)"] == "inconclusive"
-    assert ends.measured["small batches generalise better (Keskar et al. 2017)"].startswith(
-        "mean accuracy 80.0% at batches 8, 16, 80.0% at 32, 64")
+    ends = batch_lab.folk_claims(_sweep_frame([0.90, 0.70, 0.90, 0.70])).set_index("claim")
+    assert ends.verdict[ACCURACY] == "inconclusive"
+    assert ends.measured[ACCURACY].startswith("mean accuracy 80.0% at batches 8, 16, 80.0% at 32, 64")
     with pytest.raises(ConfigError, match="at least 3 successful batch sizes"):
-        batch_lab.seed_claims(_sweep_frame([0.7] * 4).iloc[:2])
+        batch_lab.folk_claims(_sweep_frame([0.7] * 4).iloc[:2])
+
+
+def test_estimate_frame_keeps_every_category():
+    frame = batch_lab.estimate_frame({"parameters": 10, "activations": 30, "total": 40})
+    assert list(frame.category) == ["parameters", "activations", "total"]
+    assert list(frame.predicted_bytes) == [10, 30, 40]
 
 
 def test_prediction_table_checks_the_line_against_measured_steps(tiny_cfg):
@@ -151,18 +179,21 @@ def test_compare_lr_scaling_labels_three_sweeps(tiny_cfg):
     assert list(df.lr_setting) == ["same lr"] * 2 + ["scaled"] * 2 + ["scaled + warm-up"] * 2
     assert list(df.lr) == [1e-3, 1e-3, 5e-4, 1e-3, 5e-4, 1e-3]
     assert list(df.lr_warmup_steps) == [0, 0, 0, 0, 1, 1]
-    text = batch_lab.lr_scaling_finding(df).splitlines()
-    assert text[0].startswith("batch 8: same lr ") and text[0].endswith(".")
+    text = batch_lab.lr_scaling_finding(df)
+    assert text.startswith("Accuracy, counting only differences beyond the test-set noise") and "\n" not in text
     with pytest.raises(ConfigError, match="warmup_steps=0 is not allowed"):
         batch_lab.compare_lr_scaling(cfg, warmup_steps=0)
 
 
-def test_accumulation_finding():
+def test_accumulation_finding_calls_a_time_change_real_only_outside_the_spread():
     df = pd.DataFrame({"grad_accum": [2, 1], "batch_size": 64, "peak_memory_bytes": [10 * 2**20, 20 * 2**20],
-                       "step_time_s": [0.06, 0.04], "error": None})
+                       "step_time_s": [0.06, 0.04], "step_time_p10_s": [0.055, 0.035],
+                       "step_time_p90_s": [0.065, 0.045], "error": None})
     assert batch_lab.accumulation_finding(df) == (
-        "Against grad_accum=1 (peak 20.0 MiB, step 40.0 ms), same batch of 64:\n"
-        "grad_accum=2 (micro-batch 32): peak 10.0 MiB (0.50x), step 60.0 ms (1.50x)")
+        "grad_accum=2 against 1, the same batch of 64 in micro-batches of 32: peak 20 MiB -> 10 MiB (50% less), "
+        "step 40 ms -> 60 ms (1.5x, outside the p10-p90 spreads).")
+    df["step_time_p10_s"] = [0.03, 0.03]
+    assert "(1.5x, within the p10-p90 spreads: no measurable change)." in batch_lab.accumulation_finding(df)
 
 
 def test_run_with_lr_scaling_scales_from_the_base(tiny_cfg):
@@ -175,14 +206,17 @@ def test_run_with_lr_scaling_scales_from_the_base(tiny_cfg):
 def test_lr_scaling_finding_names_a_winner_only_beyond_the_noise():
     df = pd.DataFrame({"batch_size": 64, "lr_setting": list(batch_lab.LR_SETTINGS), "lr": [1e-3, 1e-3, 1e-3],
                        "accuracy": [0.70, 0.80, 0.79], "profile": "ci", "error": None})
-    noise = batch_lab.accuracy_noise(0.80, 256)
+    noise = accuracy_noise(0.80, 256)
     assert noise == pytest.approx(2 * math.sqrt(2 * 0.8 * 0.2 / 256))  # about 7 points on 256 test images
-    assert batch_lab.lr_scaling_finding(df).endswith(
-        f"scaled and scaled + warm-up tie within the test-set noise ({noise:.1%}), ahead of same lr.")
+    finding = batch_lab.lr_scaling_finding(df)
+    assert finding == ("Accuracy, counting only differences beyond the test-set noise (up to 7.1 points): scaled and "
+                       "scaled + warm-up ahead at batch 64.")
     df.loc[2, "accuracy"] = 0.60
-    assert batch_lab.lr_scaling_finding(df).endswith("best: scaled.")
+    assert batch_lab.lr_scaling_finding(df).endswith(": scaled ahead at batch 64.")
     df["accuracy"] = [0.80, 0.79, 0.78]
-    assert batch_lab.lr_scaling_finding(df).endswith(f"no clear winner (all within {noise:.1%}, the test-set noise).")
+    assert batch_lab.lr_scaling_finding(df).endswith(": no clear winner at batch 64.")
+    two = pd.concat([df, df.assign(batch_size=8, accuracy=[0.9, 0.6, 0.6])], ignore_index=True)
+    assert batch_lab.lr_scaling_finding(two).endswith(": same lr ahead at batch 8; no clear winner at batch 64.")
 
 
 def test_epoch_time_floor_is_the_first_batch_within_ten_percent_of_the_fastest():
@@ -195,7 +229,8 @@ def test_the_fitted_line_against_the_search():
     line = capacity.LinearMemory(fixed_bytes=3.14159 * 2**20, bytes_per_sample=163.7 * 1024, r2=0.999)
     numbers = batch_lab.max_batch_numbers(line, 40 * 2**20)
     assert numbers == {"fixed_mib": 3.14, "kib_per_sample": 164.0, "budget_mib": 40.0}
-    assert batch_lab.line_vs_search(numbers, 230) == "Your line predicts batch 230; find_max_batch_size found 230: the same."
-    text = batch_lab.line_vs_search(numbers, 200)
-    assert text.startswith("Your line predicts batch 230; find_max_batch_size found 200 by probing") and "(30 more, +15%)" in text
+    same = "Your line predicts batch 230; find_max_batch_size found 230: the same."
+    assert batch_lab.line_vs_search(numbers, 230) == same
+    assert batch_lab.line_vs_search(numbers, 200) == ("Your line predicts batch 230; find_max_batch_size found 200 by "
+                                                      "probing single steps (30 more, +15%).")
     assert "not even one sample fits" in batch_lab.line_vs_search(numbers, 0)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import labkit
 from labkit import capacity, measure, train
 from labkit.errors import ConfigError
 from labkit.labs import memory_savers
@@ -25,11 +26,12 @@ def test_checkpoint_tradeoff_measures_each_segment_count_beside_the_cost_model(t
     for k in (2, 4):
         assert abs(rows.loc[k, "predicted_activation_ratio"] - rows.loc[k, "activation_ratio"]) < 0.15
     assert list(df["sqrt_rule"]) == [False, True, False] and set(df["sqrt_rule_segments"]) == {2}
+    assert list(df["checkpointing"]) == [False, 2, True]  # every block its own segment: the staged view's config
     finding = memory_savers.tradeoff_finding(df)
-    assert finding.startswith("Checkpointing small_cnn in 4 segment(s) (stem | block1 | block2 | block3) gave the "
-                              "lowest peak")
-    assert "45% less" in finding or "% less" in finding
-    assert "The sqrt(n) rule, which assumes n equal blocks that each store one tensor, suggests 2 segment(s) for 4 blocks" in finding
+    assert finding.startswith("Lowest peak with 4 segment(s) (stem | block1 | block2 | block3): ")
+    assert finding.endswith("FLOPs; the sqrt(n) rule's 2 segment(s): the same peak.")
+    assert "% less); activations " in finding and "\n" not in finding
+    assert "outside the p10-p90 spreads" in finding or "within the p10-p90 spreads" in finding
     with pytest.raises(ConfigError, match=r"segments=5 is not allowed: segment counts from 0 \(checkpointing off\) "
                                           r"to 4 \(small_cnn has 4 blocks: stem, block1, block2, block3\)"):
         memory_savers.checkpoint_tradeoff(tiny_cfg, segments=[0, 5])
@@ -48,7 +50,8 @@ def test_8bit_state_is_smaller_above_min_8bit_size_and_32bit_below(small_cnn_byt
         assert table["state_bytes"].sum() == measure.optimizer_state_bytes(trainer.optimizer)
         tables[name] = table
     adamw, eight = tables["adamw"], tables["adamw8bit"]
-    assert adamw["state_bytes"].sum() == small_cnn_bytes.adamw_state and eight["state_bytes"].sum() == small_cnn_bytes.eight_bit_state
+    assert adamw["state_bytes"].sum() == small_cnn_bytes.adamw_state
+    assert eight["state_bytes"].sum() == small_cnn_bytes.eight_bit_state
     shared = eight[eight["numel"] == 0]
     assert list(shared["tensor"]) == ["(shared: quantisation maps)"] and list(shared["state_bytes"]) == [2048]
     eight = eight[eight["numel"] > 0].reset_index(drop=True)
@@ -69,7 +72,8 @@ def test_8bit_state_is_smaller_above_min_8bit_size_and_32bit_below(small_cnn_byt
 def test_small_models_save_less_with_8bit_state(small_cnn_bytes):
     df = memory_savers.eight_bit_savings(["small_cnn", "resnet18"]).set_index("model")
     assert df.loc["small_cnn", "params_below_min_8bit_size"] == small_cnn_bytes.below_min_8bit
-    assert df.loc["small_cnn", "share_below"] == pytest.approx(small_cnn_bytes.below_min_8bit / small_cnn_bytes.params)
+    share = small_cnn_bytes.below_min_8bit / small_cnn_bytes.params
+    assert df.loc["small_cnn", "below_min_8bit_share"] == pytest.approx(share)
     assert df.loc["small_cnn", "adamw8bit_state_bytes"] == small_cnn_bytes.eight_bit_state
     assert df.loc["small_cnn", "state_ratio"] == pytest.approx(0.262, abs=0.001)
     assert df.loc["resnet18", "state_ratio"] == pytest.approx(0.2544, abs=0.001)
@@ -94,14 +98,11 @@ def test_scale_table_applies_the_calculator_to_7b_and_175b():
 
 def test_the_175b_optimizer_claim_is_checked_in_tb_and_tib():
     sentence = memory_savers.optimizer_claim(175e9, (1.2, 0.3))
-    assert sentence.startswith("For 175B parameters, AdamW's two fp32 moments take 1.75e+11 x 8 B = 1.4 TB (1.27 TiB); "
-                               "8-bit AdamW's take 2 B per parameter plus one fp32 scale per 256 values for each "
-                               "moment, 2.031 B: 0.355 TB (0.323 TiB), 3.94x less.")
-    assert "The claim's 1.2 TB -> 0.3 TB match the TiB figures, rounded down and labelled TB: in TB it is 1.4 TB -> " \
-           "0.355 TB. The 4x ratio is right." in sentence
-    assert sentence.endswith("With the fp32 master weights (4 B per parameter, which ZeRO counts as optimizer "
-                             "state) it is 2.1 TB -> 1.06 TB, only 1.99x less.")
-    assert "matches when read as TB." in memory_savers.optimizer_claim(175e9, (1.4, 0.36))
+    assert sentence == ("175B parameters: AdamW's moments 1.4 TB (1.27 TiB), 8-bit AdamW's 0.355 TB (0.323 TiB), "
+                        "3.94x less; the claim's 1.2 TB -> 0.3 TB are the TiB figures, rounded down and labelled TB. "
+                        "With fp32 master weights: 2.1 TB -> 1.06 TB, 1.99x less.")
+    assert "the claim's 1.4 TB -> 0.36 TB match when read as TB." in memory_savers.optimizer_claim(175e9, (1.4, 0.36))
+    assert "match none of these readings" in memory_savers.optimizer_claim(175e9, (3.0, 0.1))
     with pytest.raises(ConfigError, match=r"claimed_tb=\(1.2,\) is not allowed: a pair of positive numbers"):
         memory_savers.optimizer_claim(175e9, (1.2,))
 
@@ -121,16 +122,17 @@ def test_staged_runs_add_one_saver_at_a_time_then_all(small_cnn_bytes, tiny_cfg)
     assert frame.loc["+checkpointing", "mem_activations_bytes"] < base["mem_activations_bytes"]
     together = frame.loc["all together"]
     assert together["peak_memory_bytes"] < min(frame.loc[s, "peak_memory_bytes"] for s in memory_savers.STAGES[:-1])
-    assert base["state_bytes"] == base["mem_parameters_bytes"] + base["mem_gradients_bytes"] + small_cnn_bytes.adamw_state
-    lines = staged.finding().splitlines()
-    assert len(lines) == 6 and lines[0].startswith("baseline: peak ") and lines[4].startswith("all together: peak ")
-    assert "less" in lines[4]
+    state = base["mem_parameters_bytes"] + base["mem_gradients_bytes"] + small_cnn_bytes.adamw_state
+    assert base["state_bytes"] == state
+    finding = staged.finding()
+    assert finding.startswith("Single savers by peak saved against the baseline's ") and "\n" not in finding
     # the single savers ranked by the peak they saved, computed from the frame
     singles = staged.frame[staged.frame.stage.isin(["+AMP", "+checkpointing", "+8-bit optimizer"])]
     order = list(singles.sort_values("peak_memory_bytes").stage)
-    assert lines[5].startswith(f"Single savers by peak saved, here: {order[0]} (")
-    assert [lines[5].index(stage) for stage in order] == sorted(lines[5].index(stage) for stage in order)
-    with pytest.raises(ConfigError, match=r"optimizer='adamw' is not allowed: one of \['adamw8bit', 'paged_adamw8bit'\]"):
+    assert [finding.index(stage) for stage in order] == sorted(finding.index(stage) for stage in order)
+    assert " All together: " in finding and "x the baseline's (" in finding
+    with pytest.raises(ConfigError, match=r"optimizer='adamw' is not allowed: one of \['adamw8bit', "
+                                          r"'paged_adamw8bit'\]"):
         memory_savers.staged_runs(tiny_cfg, optimizer="adamw")
     with pytest.raises(ConfigError, match=r"precision='fp32' is not allowed: 'fp16' or 'bf16'"):
         memory_savers.staged_runs(tiny_cfg, precision="fp32")
@@ -152,7 +154,8 @@ def test_checkpoint_variants_measure_activations_and_recomputed_flops():
                           context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
 
     frame = memory_savers.checkpoint_variants(
-        {"plain": lambda b, x: b(x), "full": lambda b, x: checkpoint(b, x, use_reentrant=False), "selective": selective},
+        {"plain": lambda b, x: b(x), "full": lambda b, x: checkpoint(b, x, use_reentrant=False),
+         "selective": selective},
         width=64, depth=3, batch_size=128, repeats=1).set_index("variant")
     assert (frame.max_grad_diff < 1e-6).all()
     assert frame.activation_bytes["full"] < frame.activation_bytes["selective"] < frame.activation_bytes["plain"]
@@ -160,7 +163,10 @@ def test_checkpoint_variants_measure_activations_and_recomputed_flops():
     # recomputes each block's first matmul only: torch stops a recomputation once the saved tensors the
     # backward needs exist again, and the second matmul's output is not one of them. 20 / 17.
     assert frame.flops_ratio["full"] == pytest.approx(20 / 17, rel=1e-6) and frame.flops_ratio["selective"] == 1.0
-    assert "full: activations" in memory_savers.variants_finding(frame.reset_index())
+    finding = memory_savers.variants_finding(frame.reset_index())
+    assert finding.startswith("Against plain (") and "): full " in finding and "\n" not in finding
+    assert "x (no timing spread measured)" in finding  # one timing each (repeats=1): no spread to judge by
+    assert finding.split("; selective ")[1].split(", ")[1] == "1x the FLOPs"
     with pytest.raises(ConfigError, match="variants=.* is not allowed: a dict of name -> run"):
         memory_savers.checkpoint_variants({"plain": 3})
 
@@ -170,10 +176,15 @@ def test_eight_bit_numbers_and_finding_from_the_state_table(tiny_cfg):
     trainer.step(*next(iter(trainer.loader)))
     state = memory_savers.optimizer_state_table(trainer.optimizer, trainer.model)
     numbers = memory_savers.eight_bit_numbers(state)
+    summary = memory_savers.state_summary(state).set_index("kind")
+    assert list(summary.tensors.iloc[:2]) == [6, 17] and summary.num_params.iloc[1] == 2882  # see conftest
+    assert summary.state_bytes.sum() == state.state_bytes.sum() and summary.state_bytes.iloc[2] == 2048
+    assert summary.bytes_per_param.iloc[1] == 8.0 and 2 < summary.bytes_per_param.iloc[0] < 2.1
     total = sum(p.numel() for p in trainer.model.parameters())
     assert numbers["numel_large"] + numbers["numel_small"] == total and numbers["block"] == 256
     assert numbers["numel_small"] == 2882  # small_cnn's tensors under 4,096 elements (see conftest)
     computed = numbers["numel_large"] * 2 * (1 + 4 / 256) + numbers["numel_small"] * 8
     text = memory_savers.eight_bit_finding(numbers, state)
-    assert f"The arithmetic gives {computed:,.0f} bytes" in text
+    assert text.startswith(f"The arithmetic gives {labkit.display.number(computed / 1024)} KiB; the optimizer holds ")
+    assert "2 KiB are the quantisation maps shared by all tensors" in text
     assert abs(state.state_bytes.sum() / computed - 1) < 0.02  # maps and per-tensor rounding only

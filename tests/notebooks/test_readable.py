@@ -28,7 +28,7 @@ LEGACY_SEED = re.compile(r"(?i:\bthe seeds?\b(?! of the\b)|\bseed's\b|\bseeds')|
 NOT_YET = {
     "words": {"06_quantization", "07_distributed"},
     "tables": set(),
-    "seed": {"02_batch_size", "06_quantization", "07_distributed"},
+    "seed": {"06_quantization", "07_distributed"},
 }
 
 

@@ -22,7 +22,7 @@ from ...exercises import (
     exercise_config,
 )
 from ...train import run_splits
-from . import without_batchnorm
+from .accumulation import without_batchnorm
 
 EXERCISES = Exercises()
 
@@ -74,7 +74,11 @@ EXERCISES.add(Exercise(
 
 
 def accumulate_solution(model, micro_batches):
-    """Leave in ``.grad`` the gradient of the mean loss over all samples of ``micro_batches``."""
+    """Leave in ``.grad`` the gradient of the mean loss over all samples of ``micro_batches``.
+
+    Args:
+        model: the model. micro_batches: (images, labels) pairs, possibly of different sizes.
+    """
     total = sum(len(labels) for _, labels in micro_batches)
     for images, labels in micro_batches:
         # each micro-batch's mean loss, weighted by its share of the samples (k equal ones: 1/k each)
@@ -104,10 +108,12 @@ def _check_accumulate(accumulate) -> str:
         bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
         accumulate(model, [(x[a:b], y[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)])
         if any(p.grad is None for p in params):
-            raise WrongAnswer("02.accumulate: some parameters have no gradient: call backward() on every micro-batch's loss")
+            raise WrongAnswer("02.accumulate: some parameters have no gradient: call backward() on every "
+                              "micro-batch's loss")
         diff = max(float((p.grad - g).abs().max()) for p, g in zip(params, whole, strict=True)) / largest
         if diff > 1e-4:
-            hint = ("divide each micro-batch's loss so that the sum is the mean over all samples" if len(set(sizes)) == 1
+            equal = len(set(sizes)) == 1
+            hint = ("divide each micro-batch's loss so that the sum is the mean over all samples" if equal
                     else "with unequal micro-batches, 1/k is wrong: weight each micro-batch's mean loss by its "
                          "share of the samples, len(labels) / total")
             raise WrongAnswer(f"02.accumulate: with micro-batches of {sizes} samples the gradient differs from the "
@@ -129,8 +135,8 @@ def _check_accumulate(accumulate) -> str:
 EXERCISES.add(CodeExercise(
     name="02.accumulate",
     task=("Complete accumulate(model, micro_batches) below: micro_batches is a list of (images, labels) pairs, "
-          "possibly of different sizes. Run forward and backward on each so that, afterwards, every parameter's .grad is the "
-          "gradient of the mean cross-entropy over all their samples together (no optimizer step)."),
+          "possibly of different sizes. Run forward and backward on each so that, afterwards, every parameter's .grad "
+          "is the gradient of the mean cross-entropy over all their samples together (no optimizer step)."),
     checker=_check_accumulate,
     reference=accumulate_solution,
 ))

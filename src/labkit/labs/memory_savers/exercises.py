@@ -16,7 +16,7 @@ from ...exercises import (
     Exercises,
     WrongAnswer,
 )
-from . import activation_peak, mlp_blocks
+from .selective import activation_peak, mlp_blocks
 
 EXERCISES = Exercises()
 
@@ -65,7 +65,11 @@ EXERCISES.add(Exercise(
 
 
 def checkpointed_forward_solution(blocks, x):
-    """Run ``blocks`` (an nn.Sequential) on ``x``, each block under a checkpoint."""
+    """Run ``blocks`` (an nn.Sequential) on ``x``, each block under a checkpoint.
+
+    Args:
+        blocks: an nn.Sequential. x: its input.
+    """
     from torch.utils.checkpoint import checkpoint
 
     for block in blocks:

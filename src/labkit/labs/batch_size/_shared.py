@@ -1,0 +1,44 @@
+"""Helpers the batch-size lab's modules share: the test-set size of a frame's profile, how a duration is
+written, and when two timings differ beyond their measured spread."""
+
+from __future__ import annotations
+
+import math
+
+from ...display import number
+from ...env import PROFILES, profile
+
+
+def test_set_size(frame) -> int:
+    """The test split's size at the profile ``frame``'s runs were measured at (default: the current one)."""
+    run_profile = PROFILES.get(frame["profile"].iloc[0]) if "profile" in frame else None
+    return (run_profile or profile()).test_size
+
+
+def sizes(frame) -> str:
+    """``frame``'s batch sizes as "8, 16, 32"."""
+    return ", ".join(str(int(b)) for b in frame["batch_size"])
+
+
+def seconds(value) -> str:
+    """A duration in s, or in ms below 0.1 s, to three significant digits."""
+    return f"{number(value)} s" if value >= 0.1 else f"{number(value * 1e3)} ms"
+
+
+def apart(slow, fast, column: str) -> bool | None:
+    """True when ``slow``'s 10th percentile of ``column`` lies above ``fast``'s 90th: a real difference.
+
+    Args:
+        slow, fast: rows with ``<column>_p10_s`` and ``<column>_p90_s``; None when a spread was not measured.
+        column: e.g. ``"epoch_time"``.
+    """
+    spreads = [run.get(f"{column}_{p}_s") for run in (slow, fast) for p in ("p10", "p90")]
+    if any(v is None or math.isnan(v) for v in spreads) or spreads[0] == spreads[1] or spreads[2] == spreads[3]:
+        return None  # not measured, or one timing: no spread to judge by
+    return spreads[0] > spreads[3]
+
+
+def verdict(ok: bool | None) -> str:
+    """A claim's verdict: True reproduced, False refuted, None inconclusive."""
+    return {True: "reproduced", False: "refuted", None: "inconclusive"}[ok]
+
