@@ -250,7 +250,7 @@ optimizer = bnb.optim.AdamW8bit(model.parameters(), lr=cfg.lr, weight_decay=cfg.
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the one-line swap builds the optimizer labkit builds, and steps the same
 engine_model = copy.deepcopy(plain)
-engine_optimizer = labkit.techniques.optimizers.build_optimizer(cfg.replace(optimizer="adamw8bit"), engine_model)
+engine_optimizer = labkit.techniques.optimizers.build_optimizer(engine_model, "adamw8bit", lr=cfg.lr)
 F.cross_entropy(model(x), y).backward()
 for p, q in zip(model.parameters(), engine_model.parameters(), strict=True):
     q.grad = p.grad.clone()  # the same gradients into both optimizers

@@ -115,7 +115,7 @@ def _deterministic_cudnn():
 def _compare(step: Callable, cfg: RunConfig, steps: int, init_scale: float | None) -> StepComparison:
     engine = Trainer(cfg)
     model = copy.deepcopy(engine.model)
-    optimizer = build_optimizer(cfg, model)
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)
     scaler = grad_scaler(engine.precision, engine.device)
     if init_scale is not None:
         engine.scaler, scaler = (torch.amp.GradScaler(engine.device.type, init_scale=init_scale,

@@ -284,7 +284,7 @@ class Trainer:
         if distributed.active():
             self._go_data_parallel(bucket_cap_mb)
         self.model.train()
-        self.optimizer = build_optimizer(cfg, self.model)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)
         self.scaler = grad_scaler(self.precision, self.device)
         self.optimizer_steps = 0  # steps taken so far; drives the learning-rate warm-up
         self.loader = data.make_loader(self.train_split, batch_size=self.rank_batch, shuffle=True, seed=cfg.seed,

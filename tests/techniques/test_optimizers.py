@@ -17,8 +17,18 @@ from labkit.techniques import optimizers
 @pytest.mark.parametrize("name, expected", [("adamw", "AdamW"), ("sgd", "SGD"), ("adamw8bit", "AdamW8bit")])
 def test_build_optimizer_builds_each_named_optimizer(tiny_cfg, name, expected):
     model = torch.nn.Linear(64, 64)
-    opt = optimizers.build_optimizer(tiny_cfg.replace(optimizer=name, lr=0.01), model)
+    opt = optimizers.build_optimizer(model, name, lr=0.01)
     assert type(opt).__name__ == expected and opt.param_groups[0]["lr"] == 0.01
+
+
+def test_build_optimizer_takes_plain_values_and_names_a_bad_one():
+    model = torch.nn.Linear(8, 8)
+    model.bias.requires_grad_(False)
+    opt = optimizers.build_optimizer(model, "sgd", lr=0.1, weight_decay=0.01, momentum=0.5)
+    assert opt.param_groups[0]["params"] == [model.weight]  # frozen parameters get no state
+    assert (opt.param_groups[0]["momentum"], opt.param_groups[0]["weight_decay"]) == (0.5, 0.01)
+    with pytest.raises(ConfigError, match=r"optimizer='lion' is not allowed: one of \['adamw', 'sgd', 'adamw8bit'"):
+        optimizers.build_optimizer(model, "lion")
 
 
 def test_import_labkit_does_not_import_bitsandbytes():
@@ -58,7 +68,7 @@ def test_missing_bitsandbytes_names_the_optimizer_and_how_to_install_it(tiny_cfg
                                           r"bitsandbytes package, which is not installed .*Install \(or upgrade\) it "
                                           r"with `pip install 'bitsandbytes>=0.50'` \(or `pip install "
                                           r"'labkit-finetune\[memory\]'`\)"):
-        optimizers.build_optimizer(tiny_cfg.replace(optimizer="adamw8bit"), nn.Linear(4, 4))
+        optimizers.build_optimizer(nn.Linear(4, 4), "adamw8bit")
 
 
 @pytest.fixture
@@ -109,16 +119,15 @@ def test_paged_state_counts_on_the_gpu_it_is_paged_for():
     assert measure.optimizer_state_bytes(opt) == 1016
 
 
-def test_scale_lr_rules(tiny_cfg):
-    big = tiny_cfg.replace(batch_size=128, lr=1e-3)
-    assert optimizers.scale_lr(big, 32).lr == pytest.approx(4e-3)
-    assert optimizers.scale_lr(big, 32, rule="sqrt").lr == pytest.approx(2e-3)
-    assert optimizers.scale_lr(tiny_cfg.replace(batch_size=8), 32).lr == pytest.approx(2.5e-4)
-    assert optimizers.scale_lr(big, 128).lr == big.lr and optimizers.scale_lr(big, 32).batch_size == 128
+def test_scale_lr_rules():
+    assert optimizers.scale_lr(1e-3, 128, 32) == pytest.approx(4e-3)
+    assert optimizers.scale_lr(1e-3, 128, 32, rule="sqrt") == pytest.approx(2e-3)
+    assert optimizers.scale_lr(1e-3, 8, 32) == pytest.approx(2.5e-4)
+    assert optimizers.scale_lr(1e-3, 128, 128) == 1e-3
     with pytest.raises(ConfigError, match=r"rule='cubic' is not allowed: 'linear' \(SGD, Goyal"):
-        optimizers.scale_lr(big, 32, rule="cubic")
+        optimizers.scale_lr(1e-3, 128, 32, rule="cubic")
     with pytest.raises(ConfigError, match=r"base_batch_size=0 is not allowed: an integer >= 1"):
-        optimizers.scale_lr(big, 0)
+        optimizers.scale_lr(1e-3, 128, 0)
 
 
 def test_warmup_lr_rises_linearly_then_leaves_the_lr_alone():

@@ -14,12 +14,11 @@ import math
 
 import torch
 
-from ..config import RunConfig
+from ..choices import EIGHT_BIT_OPTIMIZERS, check_optimizer
 from ..env import import_bitsandbytes
 from ..errors import ConfigError
 from ..validate import check_positive_int, is_int
 
-EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
 MIN_8BIT_SIZE = 4096  # bitsandbytes' default: tensors with fewer elements keep 32-bit state
 BNB_BLOCK_SIZE = 256  # elements per quantisation block (one fp32 absmax per block and state), since 0.44
 BNB_QMAP_BYTES = 2 * 256 * 4  # the two 256-entry fp32 quantisation maps, shared by all tensors
@@ -108,40 +107,53 @@ def build_8bit_optimizer(params, optimizer: str = "adamw8bit", lr: float = 1e-3,
     return cls(params, lr=lr, weight_decay=weight_decay, min_8bit_size=min_8bit_size)
 
 
-def build_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """The optimizer named by ``cfg.optimizer`` over the trainable parameters (8-bit ones: bitsandbytes,
-    see `build_8bit_optimizer`)."""
+def build_optimizer(model: torch.nn.Module, name: str = "adamw", lr: float = 1e-3, weight_decay: float = 0.0,
+                    momentum: float = 0.9) -> torch.optim.Optimizer:
+    """The optimizer called ``name`` over ``model``'s trainable parameters: what ``RunConfig(optimizer=...)`` builds.
+
+    Args:
+        model: its parameters that require a gradient are optimised (frozen ones get no state).
+        name: ``adamw``, ``sgd`` or bitsandbytes' ``adamw8bit`` / ``paged_adamw8bit`` (`build_8bit_optimizer`).
+        lr: the learning rate.
+        weight_decay: decoupled for AdamW, L2 for SGD.
+        momentum: SGD's momentum (the others have none).
+
+    Example:
+        >>> opt = build_optimizer(model, "adamw8bit", lr=1e-3)
+    """
+    check_optimizer(name)
     params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.optimizer in EIGHT_BIT_OPTIMIZERS:
-        return build_8bit_optimizer(params, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if name in EIGHT_BIT_OPTIMIZERS:
+        return build_8bit_optimizer(params, name, lr=lr, weight_decay=weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 LR_RULES = ("linear", "sqrt")
 
 
-def scale_lr(cfg: RunConfig, base_batch_size: int, rule: str = "linear") -> RunConfig:
-    """``cfg`` with its learning rate rescaled from the batch size it was tuned for to ``cfg.batch_size``.
+def scale_lr(lr: float, batch_size: int, base_batch_size: int, rule: str = "linear") -> float:
+    """The learning rate for ``batch_size``, from ``lr`` that works at ``base_batch_size``.
 
-    ``linear``: lr x (batch_size / base_batch_size), the rule of Goyal et al. 2017 for SGD (use it with a
-    warm-up, ``lr_warmup_steps``). ``sqrt``: lr x sqrt(batch_size / base_batch_size), which keeps the
-    gradient noise constant and suits Adam-style optimizers better.
+    ``linear`` multiplies by batch_size / base_batch_size (Goyal et al. 2017, for SGD, with a warm-up); ``sqrt``
+    by its square root, which keeps the gradient noise constant and suits Adam-style optimizers better.
 
     Args:
-        cfg: the run; ``cfg.lr`` is the learning rate that works at ``base_batch_size``.
-        base_batch_size: the batch size ``cfg.lr`` was chosen for.
+        lr: the learning rate tuned at ``base_batch_size``.
+        batch_size: the batch size to scale it to.
+        base_batch_size: the batch size ``lr`` was chosen for.
         rule: ``linear`` or ``sqrt``.
 
     Example:
-        >>> scale_lr(cfg.replace(batch_size=256), base_batch_size=64).lr  # 4x cfg.lr
+        >>> cfg.replace(lr=scale_lr(cfg.lr, 256, base_batch_size=64))  # 4x cfg.lr
     """
     if rule not in LR_RULES:
         raise ConfigError("rule", rule, "'linear' (SGD, Goyal et al. 2017) or 'sqrt' (Adam-style optimizers)")
     check_positive_int("base_batch_size", base_batch_size)
-    ratio = cfg.batch_size / base_batch_size
-    return cfg.replace(lr=cfg.lr * (ratio if rule == "linear" else math.sqrt(ratio)))
+    check_positive_int("batch_size", batch_size)
+    ratio = batch_size / base_batch_size
+    return lr * (ratio if rule == "linear" else math.sqrt(ratio))
 
 
 def warmup_lr(optimizer: torch.optim.Optimizer, lr: float, step: int, warmup_steps: int) -> None:

@@ -81,5 +81,6 @@ def run_with_lr_scaling(cfg: RunConfig, lr_scaling: bool | str = False, base_bat
     """
     if lr_scaling is not False:
         base_batch_size = profile().batch_size if base_batch_size is None else base_batch_size
-        cfg = scale_lr(cfg, base_batch_size, rule="linear" if lr_scaling is True else lr_scaling)
+        rule = "linear" if lr_scaling is True else lr_scaling
+        cfg = cfg.replace(lr=scale_lr(cfg.lr, cfg.batch_size, base_batch_size, rule))
     return results.cached_fit(cfg, refresh=refresh, progress=progress, on_step=on_step)

@@ -90,7 +90,7 @@ def batch_sweep(cfg: RunConfig, batch_sizes: Iterable[int] | None = None, lr_sca
     configs = []
     for size in batch_sizes:  # every config is validated before anything runs
         run_cfg = cfg.replace(batch_size=size, max_steps=None, epochs=epochs)
-        configs.append(scale_lr(run_cfg, base, rule) if rule else run_cfg)
+        configs.append(run_cfg.replace(lr=scale_lr(run_cfg.lr, run_cfg.batch_size, base, rule)) if rule else run_cfg)
     runs = results.run_configs(configs, refresh=refresh, progress=progress)
     train_size = cfg.train_size or prof.train_size
     timer = _InferenceTimer(cfg)
