@@ -24,6 +24,7 @@ from .timing import (
     measure_latency,
     reset_memory,
     reset_peak,
+    separated,
     spread,
     synchronize,
     timing_pitfalls,
@@ -33,5 +34,5 @@ from .timing import (
 __all__ = ["Latency", "MemoryBreakdown", "PEAK_FLOPS", "StepTimer", "TimingPitfalls", "accuracy_noise",
            "allocated_now", "count_flops", "count_parameters", "cuda_peak_memory", "inference_peak_bytes",
            "measure_latency", "model_size_bytes", "new_micro_batch", "optimizer_state_bytes", "peak_flops",
-           "reset_memory", "reset_peak", "spread", "synchronize", "timing_pitfalls", "track_step_memory",
+           "reset_memory", "reset_peak", "separated", "spread", "synchronize", "timing_pitfalls", "track_step_memory",
            "warm_up_libraries"]

@@ -63,6 +63,27 @@ def spread(times_s: list[float]) -> tuple[float, float, float]:
     return statistics.median(times_s), deciles[0], deciles[-1]
 
 
+def separated(a, b) -> int | None:
+    """Whether two measured spreads lie apart: -1 when ``a`` lies wholly below ``b``, 1 above, 0 when they overlap.
+
+    None when either is missing (None, NaN) or has no width (one timing, or equal ones): there is no measured noise
+    to call a difference real by.
+
+    Args:
+        a, b: ``(low, high)`` pairs, e.g. a run's ``(step_time_p10_s, step_time_p90_s)``.
+
+    Example:
+        >>> separated((0.9, 1.1), (1.3, 1.5)), separated((0.9, 1.4), (1.3, 1.5))
+        (-1, 0)
+    """
+    values = [*a, *b]
+    if any(v is None or v != v for v in values) or a[0] == a[1] or b[0] == b[1]:
+        return None
+    if a[1] < b[0]:
+        return -1
+    return 1 if a[0] > b[1] else 0
+
+
 def synchronize(device: torch.device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)

@@ -3,10 +3,9 @@ written, and when two timings differ beyond their measured spread."""
 
 from __future__ import annotations
 
-import math
-
 from ...display import number
 from ...env import PROFILES, profile
+from ...measure import separated
 
 
 def test_set_size(frame) -> int:
@@ -32,10 +31,8 @@ def apart(slow, fast, column: str) -> bool | None:
         slow, fast: rows with ``<column>_p10_s`` and ``<column>_p90_s``; None when a spread was not measured.
         column: e.g. ``"epoch_time"``.
     """
-    spreads = [run.get(f"{column}_{p}_s") for run in (slow, fast) for p in ("p10", "p90")]
-    if any(v is None or math.isnan(v) for v in spreads) or spreads[0] == spreads[1] or spreads[2] == spreads[3]:
-        return None  # not measured, or one timing: no spread to judge by
-    return spreads[0] > spreads[3]
+    order = separated(*((run.get(f"{column}_p10_s"), run.get(f"{column}_p90_s")) for run in (slow, fast)))
+    return None if order is None else order == 1
 
 
 def verdict(ok: bool | None) -> str:

@@ -12,7 +12,7 @@ from ... import results
 from ...config import RunConfig
 from ...env import profile
 from ...errors import ConfigError
-from ...measure import accuracy_noise
+from ...measure import accuracy_noise, separated
 from ...messages import worded
 from ...validate import is_int
 from .base import LORA_LR, MERGE_RANK, RANKS, TARGETS, lora_config, targets_label
@@ -87,13 +87,13 @@ def _row(frame: pd.DataFrame, setup: str) -> pd.Series:
 
 def _time_verdict(rows: pd.DataFrame, full: pd.Series) -> str:
     """Faster or slower than full fine-tuning only outside both runs' p10-p90 step-time spread."""
-    faster = rows.step_time_p90_s < full.step_time_p10_s
-    slower = rows.step_time_p10_s > full.step_time_p90_s
-    if faster.all():
+    base = (full.step_time_p10_s, full.step_time_p90_s)
+    orders = [separated((row.step_time_p10_s, row.step_time_p90_s), base) for row in rows.itertuples()]
+    if all(order == -1 for order in orders):
         return "faster"
-    if slower.all():
+    if all(order == 1 for order in orders):
         return "slower"
-    if not (faster | slower).any():
+    if not any(orders):  # every one within the spread, or no spread measured
         return "no real difference"
     return "mixed"
 

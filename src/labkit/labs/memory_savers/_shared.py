@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+from ...measure import separated
 
 
 def timing_noise(run, reference) -> str:
@@ -11,13 +11,7 @@ def timing_noise(run, reference) -> str:
     Args:
         run, reference: rows (or dicts) with ``step_time_p10_s`` and ``step_time_p90_s``.
     """
-    spreads = [run.get("step_time_p10_s"), run.get("step_time_p90_s"), reference.get("step_time_p10_s"),
-               reference.get("step_time_p90_s")]
-    if any(v is None or math.isnan(v) for v in spreads):
+    order = separated(*((r.get("step_time_p10_s"), r.get("step_time_p90_s")) for r in (run, reference)))
+    if order is None:
         return "no timing spread measured"
-    low, high, ref_low, ref_high = spreads
-    if low == high or ref_low == ref_high:  # one timing, or all equal: no spread to judge by
-        return "no timing spread measured"
-    if low > ref_high or high < ref_low:
-        return "outside the p10-p90 spreads"
-    return "within the p10-p90 spreads: no measurable change"
+    return "outside the p10-p90 spreads" if order else "within the p10-p90 spreads: no measurable change"

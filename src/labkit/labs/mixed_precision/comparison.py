@@ -13,7 +13,7 @@ import pandas as pd
 from ... import results
 from ...env import PROFILES, has_tensor_cores, native_bf16, profile
 from ...errors import ConfigError
-from ...measure import PEAK_FLOPS, accuracy_noise
+from ...measure import PEAK_FLOPS, accuracy_noise, separated
 from ...messages import worded
 from ...units import MIB, change_between
 
@@ -127,12 +127,10 @@ def faster(row, base) -> bool | None:
     Args:
         row, base: runs with ``step_time_s`` and, where measured, ``step_time_p10_s`` / ``step_time_p90_s``.
     """
-    (low, high), (base_low, base_high) = _spread(row), _spread(base)
-    if high < base_low:
-        return True
-    if low > base_high:
-        return False
-    return None
+    order = separated(_spread(row), _spread(base))
+    if order is None:  # a spread not recorded (a reference row, one timed step): the medians are all there is
+        order = (row["step_time_s"] > base["step_time_s"]) - (row["step_time_s"] < base["step_time_s"])
+    return {-1: True, 1: False}.get(order)
 
 
 def speed_phrase(row, base, reference: str = "fp32") -> str:

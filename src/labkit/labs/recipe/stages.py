@@ -17,6 +17,7 @@ from ... import config, measure, results, train
 from ...config import RunConfig, load_config, parse_yaml
 from ...env import Profile, profile
 from ...errors import ConfigError
+from ...measure import separated
 from ...messages import worded
 
 RECIPE_PATH = Path(__file__).resolve().parents[2] / "assets" / "recipes" / "staged_recipe.yaml"
@@ -216,13 +217,17 @@ def stage_chart_frame(rec: Recipe) -> pd.DataFrame:
     return stage_table(rec, "stacked")
 
 
+def _order(new: pd.Series, old: pd.Series) -> int | None:
+    """-1 faster, 1 slower beyond both runs' own spread of epoch times, 0 within it, None: no spread measured."""
+    return separated((new.epoch_time_p10_s, new.epoch_time_p90_s), (old.epoch_time_p10_s, old.epoch_time_p90_s))
+
+
 def _faster(new: pd.Series, old: pd.Series) -> bool:
-    """Faster beyond both runs' own spread of epoch times."""
-    return bool(new.epoch_time_p90_s < old.epoch_time_p10_s)
+    return _order(new, old) == -1
 
 
 def _slower(new: pd.Series, old: pd.Series) -> bool:
-    return bool(new.epoch_time_p10_s > old.epoch_time_p90_s)
+    return _order(new, old) == 1
 
 
 def _name(row: pd.Series) -> str:

@@ -17,6 +17,7 @@ from ... import config, results
 from ...config import RunConfig
 from ...env import Profile, env_report, profile
 from ...errors import ConfigError
+from ...measure import separated
 from ...messages import worded
 from ...result import RunResult
 from .stages import value_text
@@ -100,10 +101,8 @@ def _beyond_spread(run: RunResult, twin: RunResult) -> bool | None:
             return None
         per_sample = 1 / r.throughput / r.step_time_s
         bands.append([r.step_time_p10_s * per_sample, r.step_time_p90_s * per_sample])
-    if any(math.isnan(v) for band in bands for v in band):
-        return None
-    (low, high), (twin_low, twin_high) = bands
-    return bool(high < twin_low or low > twin_high)
+    order = separated(*bands)
+    return None if order is None else order != 0
 
 
 def _pair_row(tech: Technique, run: RunResult, twin: RunResult, pairs: int) -> dict:
