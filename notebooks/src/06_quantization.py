@@ -2,28 +2,21 @@
 # # Quantization: fewer bits per number, and where it pays
 #
 # Quantization stores weights, and sometimes activations, in fewer bits than float32: 16-bit floats, 8-bit
-# or 4-bit integers. A model gets smaller, and faster wherever the hardware has kernels for the narrow
-# type. The seeds of this lab quantized a fine-tuned CNN and met four puzzles: int8 dynamic barely
-# shrank its file; fp16 looked fastest on one machine and slowest on another; fp16 and int8 would not
-# combine; accuracy fell a lot in one run. This notebook measures every common method on two models,
-# a small vision transformer (Linear-heavy, where int8 pays) and a CNN, and explains each puzzle live.
+# or 4-bit integers. A model gets smaller, and faster wherever the hardware has kernels for the narrow type.
+# This notebook measures every common method on a small vision transformer (its work in Linear layers) and a
+# CNN (its work in convolutions), and tests four claims that tutorials and forum answers often repeat.
 #
 # **You will learn**
-# 1. affine quantization from scratch: scale and zero point, symmetric vs asymmetric, per tensor vs per
-#    channel, in plain PyTorch checked equal to `torch.quantize_per_tensor` / `quantize_per_channel`, and
-#    what each choice costs in error;
-# 2. one table of fp32, fp16, bf16, int8 dynamic, int8 weight-only, static int8 (calibrated), QAT, 4-bit
-#    and bitsandbytes on both models: file size, CPU latency, GPU latency, accuracy;
-# 3. the current API (torchao's `quantize_`) beside the deprecated one most code uses
-#    (`torch.ao.quantization.quantize_dynamic`), and which was faster here;
-# 4. the seeds' puzzles: why a CNN's file barely shrinks, when fp16 is fast, why fp16 and int8 dynamic do
-#    not stack, and which layers to keep in float when accuracy drops;
-# 5. fine-tune then quantize (PTQ) against quantization-aware fine-tuning (QAT), accuracy and time.
+# 1. affine quantization in plain PyTorch: scale, zero point, symmetric or not, per tensor or per channel;
+# 2. every common method on both models: file size, latency, accuracy; torchao's `quantize_` beside the
+#    deprecated `torch.ao` API;
+# 3. which claims hold: "4x smaller", "fp16 is fastest", "fp16 and int8 stack", "no accuracy lost";
+# 4. fine-tune then quantize (PTQ) against quantization-aware fine-tuning (QAT).
 #
-# **What you need:** notebook 00 (the four numbers). A CPU is fine, and is where most of this runs: the
-# int8 kernels of `torch.ao` are CPU kernels, and CPU inference is what quantization is often for. On a
-# GPU, the table adds GPU latencies and the methods with GPU kernels (torchao's int4, bitsandbytes),
-# which a CPU reports as "not run here".
+# **What you need:** notebook 00. A CPU is fine, and is where most of this runs (`torch.ao`'s int8 kernels
+# are CPU kernels). On a GPU the table adds GPU latencies and torchao's int4; on a CPU those say "not run
+# here". Sizes and accuracies are exact anywhere; on the small models of `ci`/`quick` some speed differences
+# lie within the timing noise, and the findings say so.
 
 # %%
 import copy
@@ -32,7 +25,7 @@ import torch
 from torch import nn
 
 import labkit
-from labkit import guesses, plots, views
+from labkit import display, guesses, plots, views
 from labkit.labs import quantization as lab  # this notebook's experiments and findings
 from labkit.labs.quantization import exercises  # this notebook's exercises: question, check, solution
 from labkit.techniques import quantization
@@ -52,13 +45,10 @@ labkit.env_report()
 # - **zero point** `z = -round(min / s)`: the integer that stands for 0.0;
 # - quantize `q = clamp(round(w / s) + z, 0, 255)`; dequantize `w ≈ (q - z) * s`.
 #
-# That is **asymmetric** (unsigned, `quint8`). **Symmetric** quantization fixes `z = 0` and uses signed
-# integers `-128..127` with `s = max|w| / 127.5`: simpler arithmetic (no zero point in the matmul), at the
-# price of wasting part of the range when `w` is lopsided. Weights are roughly symmetric around 0, so
-# they are usually quantized symmetrically; activations after a ReLU are all positive, and asymmetric
-# suits them. **Per tensor** uses one `(s, z)` for the whole tensor; **per channel** one per output
-# channel (row), so that a row of small weights is not rounded with the step of a row of large ones.
-# In plain PyTorch:
+# That is **asymmetric** (unsigned). **Symmetric** fixes `z = 0` and uses `-128..127` with
+# `s = max|w| / 127.5`: no zero point in the matmul, but part of the range is wasted when `w` is lopsided.
+# Weights sit roughly symmetric around 0; activations after a ReLU are all positive and suit asymmetric.
+# **Per tensor** uses one `(s, z)` for the whole tensor, **per channel** one per output row. In plain PyTorch:
 
 # %%
 def qparams(w, symmetric):
@@ -85,9 +75,8 @@ for symmetric in (False, True):
     dtype = torch.qint8 if symmetric else torch.quint8
     torchs = torch.quantize_per_tensor(w, scale, zero_point, dtype)  # torch's quantized tensor
     differ = int((q != torchs.int_repr()).sum())
-    print(f"{'symmetric ' if symmetric else 'asymmetric'}: scale {scale:.5f}, zero point {zero_point:3d}, "
-          f"integers {int(q.min())}..{int(q.max())}, mean error {(restored - w).abs().mean():.2e}")
-    print(f"            {differ} of its {w.numel():,} integers differ from torch.quantize_per_tensor's")
+    print(f"{'symmetric ' if symmetric else 'asymmetric'}: scale {scale:.3g}, zero point {zero_point:3d}, "
+          f"mean error {(restored - w).abs().mean():.2e}; {differ} of {w.numel():,} integers differ from torch's")
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the plain code gives torch's integers (a value exactly on a rounding tie may round the other way:
@@ -102,17 +91,16 @@ for symmetric in (False, True):
     assert (restored - w).abs().max() <= scale / 2 + 1e-6  # rounding error: at most half a step
 
 # %% [markdown]
-# Per channel is the same arithmetic with one `(s, z)` per row: labkit's `quantization.affine_qparams(w,
-# symmetric, dim=0)` computes them as torch's observers do, and `quantize_affine` gives the integers
-# `torch.quantize_per_channel` stores. The four schemes on this weight and on the largest weight of the
-# CNN (relative error = norm of the error / norm of the weight):
+# Per channel is the same arithmetic with one `(s, z)` per row (`quantization.affine_qparams(w, symmetric,
+# dim=0)`, as torch's observers compute them). The four schemes on this weight and on the CNN's largest weight
+# (relative error = norm of the error / norm of the weight):
 
 # %%
 cnn, cnn_result = lab.fine_tuned(cnn_cfg)
 cnn_weight = max((m.weight for m in cnn.modules() if isinstance(m, nn.Conv2d)), key=lambda t: t.numel())
 errors = lab.scheme_errors({f"{vit_cfg.model} qkv": w, f"{cnn_cfg.model} largest conv": cnn_weight})
 print(lab.scheme_finding(errors))
-errors
+display.table(errors, ["weight", "scheme", "granularity", "mean_abs_error", "max_abs_error", "relative_error"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: labkit's per-channel integers are torch.quantize_per_channel's, and per channel never loses to per tensor
@@ -125,31 +113,27 @@ for name in errors.weight.unique():
         assert e[(name, scheme, "per channel")] <= e[(name, scheme, "per tensor")] * 1.001
 
 # %% [markdown]
-# Each integer step is one `scale`, so the rounding error of a value is at most half a step: a narrower
-# range (per channel, or asymmetric on a lopsided tensor) means a smaller step and a smaller error. The
-# printed lines say which scheme won on each weight here. A single large weight (an outlier) stretches
-# the range of its whole tensor or row and coarsens everything else in it; that is why per-channel
-# weights are the default in every int8 recipe, and why LLM.int8() (bitsandbytes, below) keeps outlier
-# features in 16 bits.
+# The rounding error is at most half a step, so a narrower range means a smaller error: per channel never
+# loses to per tensor. One outlier stretches the range of its whole row; that is why int8 recipes quantize
+# weights per channel.
 #
 # ## 2. Every method on two models
 # `quantization.quantize(model, method, calibration=None)` returns a quantized copy by one of
 # `quantization.METHODS`:
 
 # %%
-lab.methods_table()
+methods = lab.methods_table()
+display.table(methods, lab.methods_columns(methods))  # `methods` also says which touch Linear layers only
 
 # %% [markdown]
-# **Dynamic** quantization stores the Linear weights in int8 and quantizes each batch's activations on
-# the fly (their range is measured per call); **weight-only** keeps activations in float and
-# dequantizes the weights inside the matmul (it saves memory, and time only where memory traffic is the
-# bottleneck: large models, small batches); **static** fixes every activation's range beforehand from a
-# few **calibration** batches of training data, so convolutions and additions run in int8 too. **QAT**
-# fine-tunes with the rounding simulated (section 4). Two models: `tiny_vit`, whose work is almost all
-# in Linear layers, and the profile's CNN, whose work is in convolutions.
+# **Dynamic** stores the Linear weights in int8 and quantizes each batch's activations on the fly;
+# **weight-only** keeps activations in float and dequantizes the weights inside the matmul (it saves memory,
+# and time only where memory traffic is the bottleneck); **static** fixes every activation's range beforehand
+# from a few **calibration** batches of training data, so convolutions and additions run in int8 too.
+# **QAT** fine-tunes with the rounding simulated (section 4).
 #
-# **Predict first.** For `tiny_vit`: what fraction (0..1) of the fp32 file will int8 dynamic keep, and
-# how many times fp32's speed will it run on this machine's CPU at batch 64?
+# **Predict first.** For `tiny_vit`: what fraction of the fp32 file will int8 dynamic keep, and how many
+# times fp32's speed will it run on this CPU?
 
 # %%
 guess_size_fraction = None  # YOUR GUESS: int8 dynamic file / fp32 file, e.g. 0.5
@@ -164,8 +148,7 @@ print(guesses.versus(guess_speedup, dyn.cpu_speedup, "int8 dynamic CPU speed-up"
 plots.bars(table, x="method", ys=lab.chart_metrics(table), hue="model");
 
 # %%
-view = lab.table_view(table)  # `table` itself has every column, the API and the raw numbers
-view.style.hide(axis="index").format(precision=2, na_rep="")  # styled: long reasons are shown whole
+display.table(table, lab.table_columns(table))  # `table` has every column: api, ratios, noise, threads, ...
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every method ran or says why; int8 shrinks the Linear-heavy model to under a third; the
@@ -181,59 +164,50 @@ for method in ("fp16", "bf16", "int8_dynamic", "int8_weight_only", "int8_bnb"):
         assert t.accuracy_drop[(vit_cfg.model, method)] <= noise + 0.02, method
 
 # %% [markdown]
-# The `int8_qat` row had extra fine-tuning steps (section 4), so its accuracy is not quantization's alone.
-# Sizes are exact on any machine; latencies are this machine's, with the threads recorded (fewer threads
-# or a busy machine change them, not the sizes). The speed-up of int8 is bounded by the share of time the
-# model spends in the layers int8 replaces: attention's softmax, LayerNorm, GELU and the additions stay in
-# float, so a model at 50 % Linear time cannot run more than 2x faster however fast its int8 matmuls are
-# (Amdahl's law). int8 matmuls gain most on CPUs with int8 dot-product instructions (AVX512-VNNI, AMX);
-# on AVX2 alone the gain is smaller. On a GPU, `torch.ao`'s int8 kernels do not exist: there int8 pays
-# through torchao's kernels (often with `torch.compile`) or bitsandbytes, mainly for large models.
+# Latencies are at batch 64 (8 for CPU copies beside a GPU), timed in turns, with fp32 timed twice: the gap
+# between those two timings is the **timing noise**, and a speed-up inside it is reported as "the same".
+# The gain is bounded by the time spent in the layers int8 replaces: softmax, LayerNorm and GELU stay in
+# float, so a model at 50 % Linear time cannot run more than 2x faster (Amdahl's law). int8 gains most on
+# CPUs with int8 dot-product instructions (AVX512-VNNI, AMX). The `int8_qat` row had extra fine-tuning steps.
 #
-# ### Two APIs for the same method
-# `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)` is what the seeds and
-# most tutorials use; it is deprecated since torch 2.10 (labkit silences exactly its deprecation
-# warnings) and runs only on the CPU. torchao's `quantize_(model, Int8DynamicActivationInt8WeightConfig())`
-# is its successor: it swaps each Linear weight for a quantized tensor subclass in place, runs on CPU and
-# GPU, and is written to be compiled with `torch.compile`. Here both ran in eager mode:
+# **Two APIs.** `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)` is what most
+# tutorials use; it is deprecated since torch 2.10 and runs only on the CPU. torchao's `quantize_(model,
+# Int8DynamicActivationInt8WeightConfig())` is its successor: it swaps each Linear weight for a quantized
+# tensor subclass, runs on CPU and GPU, and is written to be compiled:
 
 # %%
 print(lab.api_finding(table))
 
 # %% [markdown]
-# Which is faster depends on the kernels each dispatches to on this hardware and on compilation: torchao's
-# eager path quantizes each token's activations with separate PyTorch operations before its int8 matmul,
-# where `torch.ao`'s `quantize_dynamic` calls one fbgemm/oneDNN kernel that does both; with `torch.compile`
-# torchao fuses those operations. On a GPU only torchao
-# runs. Colab and Kaggle preinstall their own torchao, sometimes older than the version this notebook was
-# tested with; the first cell printed both.
+# In eager mode torchao quantizes activations with separate operations where `quantize_dynamic` calls one
+# fused kernel, so either may win here; `torch.compile` fuses torchao's. On a GPU only torchao runs.
 #
-# ## 3. The puzzles
-# ### 3.1 "int8 dynamic barely shrank the CNN"
+# ## 3. Four popular claims, tested
+# Each of these circulates in tutorials and forum answers, usually from one model on one machine.
+#
+# ### 3.1 "int8 quantization makes a model four times smaller"
 
 # %%
 print(lab.size_finding(table))
 
 # %% [markdown]
-# `quantize_dynamic` and torchao's configs replace **Linear** layers; a CNN keeps almost all its weights in
-# convolutions, which they leave in float32. Static quantization (and QAT) quantize convolutions too,
-# because it knows each activation's range in advance. The share of parameters in Linear layers predicts
-# the file size; exercise 2 asks you to do that from your own numbers.
+# It holds for the Linear-heavy model only. `quantize_dynamic` and torchao's configs replace **Linear** layers;
+# a CNN keeps almost all its weights in convolutions, which they leave in float32. Static quantization and QAT
+# quantize convolutions too, because they know each activation's range in advance. The share of parameters in
+# Linear layers predicts the file size (exercise 2).
 #
-# ### 3.2 "fp16 was fastest"
+# ### 3.2 "fp16 is the fastest way to run a model"
 
 # %%
 print(lab.fp16_finding(table))
 
 # %% [markdown]
-# A cast to fp16 always halves the file, but it is only faster where the hardware computes in fp16: GPUs
-# with tensor cores (T4, V100 and later) do, and there fp16 inference is usually the fastest float option.
-# Most CPUs have no fp16 arithmetic (AVX512-FP16 and AMX-FP16 are recent server features), so PyTorch
-# converts each fp16 operation to float32 and back, which is slower than fp32. bf16 is native on CPUs with
-# AVX512-BF16 or AMX and on Ampere+ GPUs. The printed line says which case this machine is.
+# fp16 always halves the file, but it is faster only where the hardware computes in fp16: GPUs with tensor
+# cores (T4 and later). Most CPUs have no fp16 arithmetic (AVX512-FP16 is a recent server feature), so each
+# operation converts to float32 and back, slower than fp32. bf16 is native on CPUs with AVX512-BF16 or AMX
+# and on Ampere+ GPUs.
 #
-# ### 3.3 "fp16 and int8 dynamic do not stack"
-# A natural idea: cast to fp16, then quantize the Linear layers to int8, for the smallest model of both.
+# ### 3.3 "Cast to fp16, then quantize to int8, for the smallest model"
 
 # %%
 stack = lab.stacking(vit_cfg)
@@ -244,25 +218,19 @@ print(stack)
 assert stack.fp16_input_error is not None and stack.int8_bytes < stack.fp16_bytes
 
 # %% [markdown]
-# They are two answers to the same question, not two layers of savings: int8 dynamic already stores the
-# Linear weights in 1 byte, and its kernels take float32 activations (they quantize them to int8 on the
-# fly), so fp16 activations have nowhere to go; what is left in fp16 (LayerNorm, biases, embeddings) is a
-# small part of the file. Choose one per deployment: fp16/bf16 where the hardware computes in it (GPUs),
-# int8 where int8 kernels exist (CPUs; GPUs through torchao or bitsandbytes).
+# They do not stack: int8 dynamic already stores the Linear weights in 1 byte and its kernels take float32
+# activations, so fp16 inputs fail in the int8 layers and fp32 inputs in the layers left in fp16. Choose one
+# per target: fp16/bf16 where the hardware computes in it, int8 where int8 kernels exist.
 #
-# ### 3.4 "Accuracy dropped a lot after quantization"
-# When accuracy falls, a few sensitive layers usually carry the loss: the first layer (it sees raw
-# pixels, whose range differs from everything after it, and has few weights to average rounding errors
-# over), the last (its outputs are the logits, where a rounding error changes the argmax directly), and
-# normalisation layers (LayerNorm divides by a standard deviation computed from quantized inputs). Two
-# studies on the validation split: static int8 with everything quantized against those layers kept in
-# float (`quantize(..., keep_float=("stem", "head", "LayerNorm"))`); and, since int8 may leave nothing to
-# win back, weights rounded to 4 and 3 bits (simulated with `quantization.fake_quantize_weights`: the
-# rounded values stored as floats), with the first and last layers kept in float or not:
+# ### 3.4 "Quantization costs no accuracy"
+# When accuracy falls, a few sensitive layers usually carry the loss: the first (it sees raw pixels), the last
+# (a rounding error in the logits changes the argmax) and normalisation layers. Two studies on the validation
+# split: static int8, everything quantized or those layers kept in float (`keep_float=("stem", "head",
+# "LayerNorm")`); and weights rounded to 4 and 3 bits (simulated), the first and last layers kept or not:
 
 # %%
 sensitive = lab.sensitivity(vit_cfg)
-print(lab.sensitivity_finding(sensitive, vit_cfg))
+print(lab.sensitivity_finding(sensitive))
 fig, (left, right) = plots.grid(2)
 plots.bar(sensitive[sensitive.study.isin(["fp32", "int8 static"])], x="choice", y="val_accuracy", ax=left)
 plots.bar(sensitive[sensitive.study.str.contains("simulated")], x="label", y="val_accuracy", ax=right)
@@ -277,18 +245,16 @@ assert set(sensitive.study) == {"fp32", "int8 static", *(f"{b}-bit weights (simu
 
 
 # %% [markdown]
-# The choices are made on the validation split, never on the test split. Where quantizing everything cost
-# less than the noise, there was nothing to win back (the printed lines say which studies that was).
-# Fewer bits make each rounding step coarser, and the layers that cannot absorb it show first: the layer
-# whose choice won most back is the one to keep in float. Keeping a small first or last layer in float
-# costs little size: the first layer of `tiny_vit` (patch embedding and positions) holds under 3 % of
-# its parameters, the last under 0.3 %.
+# Where quantizing everything stays within the noise, the claim holds and there is nothing to win back. Fewer
+# bits make each step coarser, and the sensitive layers show first: the choice that won most back names the
+# layer to keep in float (chosen on the validation split, never the test split). In `tiny_vit` the first and
+# last layers hold under 3 % of the parameters, so keeping them in float costs little size.
 #
 # ## 4. Fine-tune then quantize, or quantization-aware training
 # **Post-training quantization** (PTQ, everything above) rounds a trained model. **Quantization-aware
 # training** (QAT) fine-tunes with the rounding simulated in the forward pass, so the weights learn to sit
-# where rounding hurts least; the backward pass treats the rounding as the identity (the
-# straight-through estimator, since `round` has zero gradient almost everywhere). In plain PyTorch:
+# where rounding hurts least; the backward pass treats the rounding as the identity (the straight-through
+# estimator, since `round` has zero gradient almost everywhere). In plain PyTorch:
 
 # %%
 def fake_quantize(x, scale, zero_point, qmin=-128, qmax=127):
@@ -314,13 +280,10 @@ inside = (x.detach() / 0.01).abs() <= 127
 assert torch.equal(x.grad[inside], mine_grad[inside]) and (x.grad[~inside] == 0).all()
 
 # %% [markdown]
-# torch's version also zeroes the gradient of clipped values (they cannot move back into range through
-# the rounding), which is the one difference from the three-line version. labkit's `prepare_qat` inserts
-# such fake-quantize steps for every weight and activation (torch.ao's FX graph mode), `fit` fine-tunes the
-# result like any model, and `convert_qat` turns it into the int8 model. The seed's recipe: train in float,
-# then fine-tune a few more steps quantization-aware. Three recipes from the same fine-tuned `tiny_vit`: PTQ
-# at once; as many more float steps, then PTQ (to separate QAT's effect from the extra training); and the
-# QAT steps:
+# torch's version also zeroes the gradient of clipped values, the one difference. labkit's `prepare_qat`
+# inserts such steps for every weight and activation, `fit` fine-tunes the result, and `convert_qat` makes
+# the int8 model. Three recipes from the same fine-tuned `tiny_vit`: PTQ at once; as many more float steps
+# as QAT takes, then PTQ (to separate QAT's effect from the extra training); and the QAT steps.
 #
 # **Predict first.** How many points of test accuracy will QAT gain over PTQ at once?
 
@@ -332,7 +295,7 @@ recipes = lab.qat_vs_ptq(vit_cfg)  # PTQ at once; more float steps, then PTQ; QA
 print(lab.qat_finding(recipes))
 gain = (recipes.test_accuracy.iloc[2] - recipes.test_accuracy.iloc[0]) * 100
 print(guesses.versus(guess_qat_points, gain, "QAT - PTQ, points"))
-recipes
+display.table(recipes, ["recipe", "extra_train_time_s", "step_time_s", "quantize_s", "test_accuracy"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the two continued runs took the same number of steps, and both were timed
@@ -340,26 +303,15 @@ assert recipes.extra_steps.iloc[1] == recipes.extra_steps.iloc[2] > 0
 assert (recipes.test_accuracy.between(0, 1)).all() and recipes.step_time_s.iloc[1:].gt(0).all()
 
 # %% [markdown]
-# QAT pays where PTQ loses accuracy: low bit widths (4 bits and below), models with outliers, tasks where a
-# point matters. When PTQ is already within the noise of fp32, as int8 often is, QAT has nothing to win
-# back, and each of its steps costs more than a float step (a fake-quantize step on every weight and
-# activation, in the forward and the backward). The printed line says which case this run was, against the noise of the test split.
-#
-# ### bitsandbytes: LLM.int8() and NF4
-# The table's `int8_bnb` row is bitsandbytes' `Linear8bitLt` (LLM.int8(), Dettmers et al. 2022): int8 weights
-# with the few activation columns above a threshold (outlier features) multiplied in 16 bits; it takes fp16 inputs and casts float32 ones. `nf4_bnb` is
-# `Linear4bit` with the 4-bit NormalFloat type of QLoRA (Dettmers et al. 2023): 16 levels placed at the
-# quantiles of a normal distribution, one scale per block of 64 weights. They are built for large
-# language models on GPUs; on a CPU bitsandbytes 0.50 runs them with its PyTorch fallback (without the
-# optional `kernels` package, slower), so their CPU latency here says little. Its CPU kernel also needs layers with a multiple of 32 outputs, so there
-# the 10-class head stays float, and the CNN, whose only Linear layer is its head, reports NF4 as not run.
-# The 4-bit file is the
-# smallest of the table; notebook 08 fine-tunes LoRA adapters on such a base (QLoRA).
+# QAT pays where PTQ loses accuracy: 4 bits and below, models with outliers. When PTQ is already within the
+# noise of fp32, as int8 often is, QAT has nothing to win back (the finding marks the gap "chance"). A QAT
+# step usually costs more than a float step (fake quantization forward and backward); on tiny models that
+# may hide in the step-time spread.
 #
 # ## 5. Your turn: the panel
-# Choose the model, the method and the number of calibration batches (static int8 only), and press
-# **Run**. Each run adds bars to the charts: file size and CPU speed against fp32, and test accuracy.
-# Try `int8_static` with 1 calibration batch and with 16.
+# Choose the model, the method and the calibration batches (static int8 only), and press **Run**. Each run
+# adds bars: file size and CPU speed against fp32, and test accuracy. Try `int8_static` with 1 calibration
+# batch and with 16.
 
 # %%
 panel = ExperimentPanel(
@@ -374,56 +326,51 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | accuracy drops a lot after quantization | sensitive layers quantized (first, last, LayerNorm); too few or unrepresentative calibration batches | keep those layers in float (`keep_float`); calibrate on training batches; per-channel weights; QAT |
-# | the file barely shrinks | the method quantizes Linear layers only and the model is convolutional | static int8 or QAT for convolutions |
-# | fp16 is slower than fp32 | no fp16 arithmetic (most CPUs) | bf16 where native, int8 on CPUs, fp16 on tensor-core GPUs |
-# | `expected scalar type Float but found Half` | fp16 and int8 dynamic combined | one or the other; int8 kernels take float32 activations |
-# | `NotImplementedError: Could not run 'quantized::...' with arguments from the 'CUDA' backend` | a `torch.ao` quantized model moved to a GPU | `torch.ao` int8 is CPU-only: run it on the CPU, or use torchao / bitsandbytes on the GPU |
-# | no speed-up from int8 | a tiny model bound by overheads; time in layers int8 does not replace; no VNNI/AMX | measure the Linear share first; larger batches; `torch.compile` with torchao |
-# | torchao silently quantized nothing | a layer's shape does not fit the kernel (int4 group size) | check the layers' weight types after `quantize_` (labkit raises when nothing changed) |
-# | deprecation warnings from `torch.ao.quantization` | the API is deprecated since torch 2.10 | torchao's `quantize_` (eager) and PT2E (`prepare_pt2e`) for static |
+# | accuracy drops a lot | sensitive layers quantized; few calibration batches | `keep_float`; more calibration; QAT |
+# | the file barely shrinks | Linear-only method on a convolutional model | static int8 or QAT |
+# | fp16 slower than fp32 | no fp16 arithmetic (most CPUs) | bf16 where native, int8 on CPUs |
+# | `expected scalar type Float but found Half` | fp16 and int8 dynamic combined | one or the other |
+# | `Could not run 'quantized::...'` on `'CUDA'` | a `torch.ao` int8 model on a GPU | the CPU, or torchao |
+# | no speed-up from int8 | a tiny model's overheads; time outside Linear layers; no VNNI/AMX | larger batch; compile |
+# | torchao quantized nothing | a shape the kernel refuses (int4 group size) | check the weight types (labkit raises) |
 
 # %% [markdown]
 # ## Going further
-# - **PT2E static quantization** (torchao's `prepare_pt2e` / `convert_pt2e` with `X86InductorQuantizer`)
-#   replaces FX graph mode: `torch.export` the model, quantize the graph, `torch.compile` it. Compilation
-#   takes minutes on a small CPU, which is why this notebook uses FX graph mode.
-# - **Weight-only 4-bit for LLMs**: GPTQ (Frantar et al. 2022) and AWQ (Lin et al. 2023) choose the
-#   rounding using calibration data; torchao and `transformers` integrate them.
-# - **SmoothQuant** (Xiao et al. 2022) moves activation outliers into the weights so that both quantize to int8.
-# - **fp8** (H100 and later): `Float8DynamicActivationFloat8WeightConfig` in torchao, training in fp8 too.
-# - **Mixed precision per layer**: keep the layers a sensitivity scan marks in higher precision (as notebook
-#   04 did for pruning).
+# - **bitsandbytes.** `int8_bnb` is LLM.int8() (Dettmers et al. 2022): int8 weights, the few activation
+#   columns above a threshold in 16 bits. `nf4_bnb` is QLoRA's 4-bit NormalFloat: 16 levels at a normal
+#   distribution's quantiles, one scale per 64 weights. Both target language models on GPUs; on a CPU they
+#   run a slow fallback whose kernel needs a multiple of 32 outputs, so the 10-class head stays float and the
+#   CNN reports NF4 as not run. Notebook 08 trains LoRA on an NF4 base (QLoRA).
+# - **PT2E static quantization** (torchao's `prepare_pt2e` / `convert_pt2e`) replaces FX graph mode:
+#   `torch.export` the model, quantize the graph, compile it (minutes on a small CPU, hence FX here).
+# - **GPTQ and AWQ** choose 4-bit weight rounding from calibration data; **SmoothQuant** moves activation
+#   outliers into the weights; **fp8** (H100 and later) is in torchao too.
+# - Colab and Kaggle preinstall their own torchao, sometimes older than the tested one; the first cell
+#   printed both versions.
 
 # %% [markdown]
 # ## Summary
-# - Affine quantization: `q = clamp(round(w / s) + z)`, `w ≈ (q - z) s`; the error is at most half a step, so
-#   a narrower range (per channel; asymmetric for lopsided tensors) means a smaller error.
-# - `quantize(model, method)` covers the common methods; sizes are exact everywhere, speed depends on the
-#   kernels the hardware has: int8 on CPUs (VNNI/AMX best), fp16/bf16 on GPUs with tensor cores.
-# - int8 dynamic and weight-only quantize Linear layers only: a transformer shrinks to under a third, a
-#   CNN barely; static int8 and QAT quantize convolutions too, with calibration batches.
+# - Affine quantization: `q = clamp(round(w / s) + z)`, `w ≈ (q - z) s`; the error is at most half a step.
+# - Sizes are exact everywhere; speed depends on kernels: int8 on CPUs, fp16/bf16 on GPUs.
+# - int8 dynamic quantizes Linear layers only: a transformer shrinks to under a third, a CNN barely; static
+#   int8 and QAT quantize convolutions too.
 # - fp16 and int8 dynamic do not stack; choose one per target.
 # - When accuracy drops, keep the first, last and LayerNorm layers in float; QAT helps where PTQ loses.
-# - torchao's `quantize_` is the current API; `torch.ao.quantization` is deprecated but still what most code runs.
+# - torchao's `quantize_` is the current API; `torch.ao.quantization` is deprecated.
 
 # %% [markdown]
 # ## Further reading
 # - Jacob et al. 2018, *Quantization and Training of Neural Networks for Efficient Integer-Arithmetic-Only
 #   Inference*: https://arxiv.org/abs/1712.05877
-# - Krishnamoorthi 2018, *Quantizing deep convolutional networks for efficient inference: A whitepaper*:
-#   https://arxiv.org/abs/1806.08342
 # - Nagel et al. 2021, *A White Paper on Neural Network Quantization*: https://arxiv.org/abs/2106.08295
 # - Dettmers et al. 2022, *LLM.int8()*: https://arxiv.org/abs/2208.07339 and 2023, *QLoRA*:
 #   https://arxiv.org/abs/2305.14314
 # - torchao quantization overview: https://docs.pytorch.org/ao/stable/quantization_overview.html
-# - PyTorch, *Quantization* (the deprecated `torch.ao` API and its migration):
-#   https://docs.pytorch.org/docs/stable/quantization.html
+# - PyTorch, *Quantization* (the deprecated `torch.ao` API): https://docs.pytorch.org/docs/stable/quantization.html
 
 # %% [markdown]
 # ## Exercises
-# The first asks for code: per-channel symmetric int8 by hand. The checker compares your integers and
-# scales with `torch.quantize_per_channel`'s.
+# The first asks for code: per-channel symmetric int8 by hand, checked against `torch.quantize_per_channel`.
 
 # %%
 print(exercises.question("06.per_channel"))
@@ -439,8 +386,7 @@ exercises.check("06.per_channel", per_channel_int8)
 
 # %% [markdown]
 # The next one uses **your own** table: `tiny_vit`'s share of parameters in Linear layers, and what int8
-# dynamic did to its file. After answering: why did the file keep a little more than your estimate? And
-# what would the same estimate give for the CNN?
+# dynamic did to its file. After answering: why did the file keep a little more than your estimate?
 
 # %%
 mine = lab.own_size_numbers(table, vit_cfg.model)

@@ -4,12 +4,14 @@ import json
 import socket
 import time
 
+import pandas as pd
 import pytest
 import torch
 
 import labkit
 from labkit.errors import ConfigError, DistributedError, UnsupportedError
 from labkit.labs import distributed as lab
+from labkit.labs.distributed import failures
 from labkit.techniques import distributed
 
 pytestmark = pytest.mark.skipif(lab.cpu_cores() < 2, reason="two CPU processes need two cores")
@@ -17,7 +19,8 @@ pytestmark = pytest.mark.skipif(lab.cpu_cores() < 2, reason="two CPU processes n
 
 @pytest.fixture(scope="module")
 def cfg():
-    return labkit.RunConfig(model="tiny_vit", dataset="shapes10", batch_size=32, max_steps=6, train_size=256, device="cpu")
+    return labkit.RunConfig(model="tiny_vit", dataset="shapes10", batch_size=32, max_steps=6, train_size=256,
+                            device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def test_two_processes_train_what_one_does(one, two):
     # the same global batches in the same order: the loss curves agree to float rounding
     assert torch.allclose(torch.tensor(one.losses), torch.tensor(two.losses), rtol=1e-4, atol=1e-5)
     assert one.accuracy == two.accuracy and one.steps == two.steps == 6
-    assert two.distributed["threads_per_rank"] == lab.cpu_cores() // 2
+    assert two.distributed["threads_per_rank"] == lab.threads_per_rank("cpu", 2) == max(1, lab.thread_budget() // 2)
     assert "--nproc_per_node=2" in two.distributed["command"] and "labkit.worker" in two.distributed["command"]
 
 
@@ -69,7 +72,8 @@ def test_a_cached_job_comes_back_without_running(cfg, two):
 
 def test_a_rank_that_raises_ends_the_job_with_its_name(cfg):
     start = time.perf_counter()
-    with pytest.raises(DistributedError, match=r"rank 1 failed after step 2: InjectedFailure: rank 1 failed on purpose") as info:
+    failed = r"rank 1 failed after step 2: InjectedFailure: rank 1 failed on purpose"
+    with pytest.raises(DistributedError, match=failed) as info:
         lab.launch(cfg, nproc=2, fail_rank=1, fail_step=2, progress=False)
     assert info.value.rank == 1 and info.value.exit_code != 0 and time.perf_counter() - start < 60
     assert "[/" not in str(info.value)  # gloo's C++ source paths are left out
@@ -129,16 +133,17 @@ def test_bad_launches_name_the_value(cfg):
 def test_failure_text_helpers():
     log = ["noise", "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
            "  exitcode  : 13 (pid: 12)"]
-    assert lab._torchrun_root_rank(log) == (1, 13)
-    assert lab._torchrun_root_rank(["no summary"]) == (None, None)
-    assert lab._first_line("x: [/__w/pytorch/gloo/pair.cc:561] Connection closed\nmore") == "x: Connection closed"
+    assert failures.torchrun_root_rank(log) == (1, 13)
+    assert failures.torchrun_root_rank(["no summary"]) == (None, None)
+    assert failures.first_line("x: [/__w/pytorch/gloo/pair.cc:561] Connection closed\nmore") == "x: Connection closed"
     wrapped = "Got the following error when running the callback: RuntimeError: Timed out waiting 3000ms"
-    assert lab._first_line(wrapped) == "Timed out waiting 3000ms"
+    assert failures.first_line(wrapped) == "Timed out waiting 3000ms"
 
 
 def test_trainer_refuses_a_global_batch_the_ranks_cannot_share(monkeypatch, cfg):
     monkeypatch.setattr(distributed, "world_size", lambda: 3)
-    with pytest.raises(ConfigError, match=r"batch_size=32 is not allowed: a multiple of world_size x grad_accum = 3 x 1"):
+    refused = r"batch_size=32 is not allowed: a multiple of world_size x grad_accum = 3 x 1"
+    with pytest.raises(ConfigError, match=refused):
         labkit.train.Trainer(cfg)
 
 
@@ -165,15 +170,19 @@ def test_findings_come_from_the_numbers(one, two):
     eq = lab.Equivalence(one, two)
     assert eq.identical_weights and eq.max_difference == float(eq.frame.loss_difference.max())
     text = flat(eq.finding())
-    assert f"differ by at most {eq.max_difference:.1e} over 6 steps" in text and "identical weights" in text
+    assert f"loss curves within {eq.max_difference:.1e} over 6 steps" in text and "identical weights" in text
     frame = lab.jobs_frame([one, two])
     frame["speedup"] = frame.throughput / frame.throughput[0]
     frame["efficiency"] = frame.step_time_s[0] / (frame.world_size * frame.step_time_s)
     assert f"efficiency {frame.efficiency[1]:.0%}" in flat(lab.scaling_finding(frame))
-    for efficiency, speedup, verdict in ((0.9, 1.8, "Near-linear"), (0.6, 1.2, "A partial gain"), (0.4, 0.8, "No gain")):
+    # (median, p10, p90) of two processes against one process's 0.10 s (0.09 to 0.11): the verdict follows the spread
+    for times, verdict in (((0.055, 0.05, 0.06), "near-linear"), ((0.08, 0.07, 0.085), "a real gain, less than linear"),
+                           ((0.1, 0.08, 0.12), "no gain: the same within"), ((0.2, 0.15, 0.25), "slower")):
         fake = frame.copy()
-        fake.loc[1, ["efficiency", "speedup"]] = efficiency, speedup
-        assert verdict in lab.scaling_finding(fake)
+        fake.loc[0, ["step_time_s", "step_time_p10_s", "step_time_p90_s"]] = 0.10, 0.09, 0.11
+        fake.loc[1, ["step_time_s", "step_time_p10_s", "step_time_p90_s"]] = times
+        fake["efficiency"] = 0.10 / (fake.world_size * fake.step_time_s)
+        assert verdict in flat(lab.scaling_finding(fake)), (times, verdict)
 
 
 def test_the_panel_run_is_a_labelled_row(cfg, two):
@@ -188,6 +197,12 @@ def test_data_parallel_runs_here_and_the_comparison_needs_two_gpus(cfg):
     assert result.accuracy is not None and result.steps == 6
     comparison = lab.dp_vs_ddp(cfg)
     assert comparison.frame is None and "needs at least 2 GPUs; this machine has 0" in flat(comparison.finding())
+    assert comparison.table() is None  # nothing measured: no empty table
+    rows = [{"method": method, "gpus": 2, "step_time_s": step, "step_time_p10_s": step * 0.9,
+             "step_time_p90_s": step * 1.1, "throughput": 64 / step, "peak_memory_bytes": memory, "accuracy": 0.5}
+            for method, step, memory in (("DataParallel", 0.2, 3 * 2**30), ("DDP", 0.1, 2**30))]
+    measured = flat(lab.DataParallelComparison(2, pd.DataFrame(rows)).finding())
+    assert "DDP 2.00x DataParallel's throughput (faster)" in measured and "3 GiB with DataParallel" in measured
 
 
 def test_collective_time_counts_overlaps_once():
@@ -202,15 +217,16 @@ def test_commands_and_sizing():
     assert len(commands) == 2 and "--node_rank=1" in commands[1] and "--rdzv_endpoint=h:1" in commands[0]
     assert all(len(line) <= 100 for command in commands for line in command.splitlines())
     sizing = lab.fsdp_sizing(num_params=1e9, gpu_bytes=16e9)
-    assert sizing.per_gpu_GB.iloc[0] == 16.0 and sizing.per_gpu_GB.iloc[1] == 8.0
+    assert sizing.per_gpu_bytes.iloc[0] == 16e9 and sizing.per_gpu_bytes.iloc[1] == 8e9
     assert sizing.fits.tolist() == [True, True, True, True, True]
 
 
 def test_a_silent_death_is_named_even_when_the_survivor_reported_first(tmp_path):
     record = {"rank": 0, "step": 3, "type": "RuntimeError", "message": "Connection closed by peer", "time": 1.0}
     (tmp_path / "error-rank0.json").write_text(json.dumps(record))
-    log = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : 13 (pid: 9)"]
-    error = lab._failure(tmp_path, 2, 1, 8.0, log, hung=False)
+    log = ["Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+           "  exitcode  : 13 (pid: 9)"]
+    error = failures.failure(tmp_path, 2, 1, 8.0, log, hung=False)
     assert error.rank == 1 and str(error).startswith("rank 1 died with exit code 13 without raising an error")
     assert "rank 0 then stopped with RuntimeError: Connection closed by peer" in str(error)
 
@@ -219,6 +235,28 @@ def test_an_nccl_watchdog_timeout_names_the_rank_that_stopped(tmp_path):
     # What NCCL logs (ProcessGroupNCCL's watchdog aborts a rank whose collective timed out): no Python error record
     log = ["[rank0]:[E1201 10:00:00 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog caught "
            "collective operation timeout: WorkNCCL(SeqNum=40, OpType=ALLREDUCE) ran for 3000 milliseconds",
-           "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : -6 (pid: 9)"]
-    error = lab._failure(tmp_path, 2, 1, 12.0, log, hung=False)
+           "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
+           "  exitcode  : -6 (pid: 9)"]
+    error = failures.failure(tmp_path, 2, 1, 12.0, log, hung=False)
     assert error.rank == 1 and str(error).startswith("rank 1 stopped taking part: rank 0 waited for it")
+
+
+def test_one_gpu_runs_the_jobs_as_cpu_processes(monkeypatch):
+    from labkit.labs.distributed import data_parallel, jobs
+
+    monkeypatch.setattr(jobs, "resolve_device", lambda device: torch.device("cpu" if device == "cpu" else "cuda"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = lab.workload(labkit.profile("ci"))  # one GPU: DDP needs a process per device, so CPU processes
+    assert (cfg.device, cfg.model, cfg.dataset) == ("cpu", "tiny_vit", "shapes10")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(data_parallel, "resolve_device", jobs.resolve_device)
+    assert "this machine has 1: nothing measured" in flat(lab.dp_vs_ddp(cfg).finding())
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert lab.workload(labkit.profile("ci")).device == "auto"  # two GPUs: one process on each
+
+
+def test_ranks_share_the_threads_this_session_was_given(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # OMP_NUM_THREADS=1, as CI sets it
+    assert lab.threads_per_rank("cpu", 1) == lab.threads_per_rank("cpu", 2) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1024)  # never more than the cores
+    assert lab.threads_per_rank("cpu", 1) == lab.cpu_cores() and lab.threads_per_rank("cuda", 2) == 1

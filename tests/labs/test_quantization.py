@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import labkit
-from labkit import measure
+from labkit import display, measure
 from labkit.errors import ConfigError
 from labkit.labs import quantization as lab
+from labkit.labs.quantization import workload
 from labkit.techniques import quantization
 
 
@@ -19,13 +20,15 @@ def flat(text) -> str:
 
 @pytest.fixture(scope="module")
 def cfgs():
-    cnn = labkit.RunConfig(model="small_cnn", dataset="shapes10", batch_size=32, max_steps=6, train_size=128, device="cpu")
+    cnn = labkit.RunConfig(model="small_cnn", dataset="shapes10", batch_size=32, max_steps=6, train_size=128,
+                           device="cpu")
     return {"tiny_vit": cnn.replace(model="tiny_vit"), "small_cnn": cnn}
 
 
 @pytest.fixture(scope="module")
 def table(cfgs):
-    methods = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_dynamic_torchao", "int8_static", "int4_weight_only", "nf4_bnb",
+    methods = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_dynamic_torchao", "int8_static", "int4_weight_only",
+               "nf4_bnb",
                lab.QAT)
     return lab.compare(cfgs, methods=methods, num_calibration=2, progress=False)
 
@@ -51,7 +54,8 @@ def test_scheme_errors_per_channel_wins_when_rows_differ():
     weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 0, 64)[:, None]
     frame = lab.scheme_errors(weight).set_index(["scheme", "granularity"])
     assert len(frame) == 4
-    assert frame.loc[("symmetric", "per channel"), "relative_error"] < frame.loc[("symmetric", "per tensor"), "relative_error"]
+    error = frame.relative_error
+    assert error[("symmetric", "per channel")] < error[("symmetric", "per tensor")]
     assert (frame.max_abs_error >= frame.mean_abs_error).all()
 
 
@@ -70,35 +74,50 @@ def test_compare_measures_every_method_or_says_why_not(table):
     assert rows.loc[("tiny_vit", "nf4_bnb"), "size_vs_fp32"] < rows.loc[("tiny_vit", "int8_dynamic"), "size_vs_fp32"]
     assert rows.loc[("tiny_vit", lab.QAT), "size_vs_fp32"] < 0.4
     fp32 = rows.loc[("tiny_vit", "fp32")]
-    assert rows.loc[("tiny_vit", "bf16"), "accuracy_drop"] == pytest.approx(fp32.test_accuracy
-                                                                             - rows.loc[("tiny_vit", "bf16"), "test_accuracy"])
+    bf16 = rows.loc[("tiny_vit", "bf16")]
+    assert bf16.accuracy_drop == pytest.approx(fp32.test_accuracy - bf16.test_accuracy)
     assert rows.loc[("tiny_vit", "fp32"), "linear_share"] > 0.9 > 0.05 > rows.loc[("small_cnn", "fp32"), "linear_share"]
 
 
 def test_the_findings_quote_the_table(table):
     rows = table.set_index(["model", "method"])
     text = flat(lab.compare_finding(table))
-    assert "not run here: int4_weight_only" in text and f"({int(rows.threads.iloc[0])} threads)" in text
+    assert "\n" not in lab.compare_finding(table) and text.startswith("tiny_vit: smallest file ")  # one line
+    assert "; small_cnn: smallest file" in text and "fastest on the CPU" in text and "of fp32's accuracy" in text
     api = flat(lab.api_finding(table))
     old, new = rows.loc[("tiny_vit", "int8_dynamic")], rows.loc[("tiny_vit", "int8_dynamic_torchao")]
-    assert f"{old.cpu_latency_s * 1e3:.1f} ms with torch.ao's quantize_dynamic" in api
-    assert ("torch.ao's quantize_dynamic was" if old.cpu_latency_s < new.cpu_latency_s else "torchao's quantize_ was") in api
+    assert f"torch.ao {display.number(old.cpu_latency_s * 1e3)} ms" in api
+    assert f"{old.cpu_latency_s / new.cpu_latency_s:.2f}x" in api
     size = flat(lab.size_finding(table))
-    assert f"small_cnn's to {rows.loc[('small_cnn', 'int8_dynamic'), 'size_vs_fp32']:.0%}" in size
-    assert "Static int8, which quantizes convolutions too" in size
+    assert f"{rows.loc[('small_cnn', 'int8_dynamic'), 'size_vs_fp32']:.0%} of small_cnn's" in size
+    assert "static int8 took small_cnn to" in size
     fp16 = flat(lab.fp16_finding(table))
-    assert f"in fp16 ran at {rows.loc[('tiny_vit', 'fp16'), 'cpu_speedup']:.2f}x fp32's speed" in fp16
+    assert f"fp16 {rows.loc[('tiny_vit', 'fp16'), 'cpu_speedup']:.2f}x" in fp16
 
 
-def test_the_view_and_charts_show_what_was_measured(table):
-    view = lab.table_view(table)
-    assert not any(c.startswith("GPU") for c in view) and "CPU (ms, batch 64)" in view and len(view) == len(table)  # no GPU here: no empty GPU columns
+def test_a_speed_up_is_real_only_beyond_the_measured_timing_noise(table):
+    assert lab.speed_verdict(1.03, 0.05) == "1.03x, the same within the 5% timing noise"
+    assert lab.speed_verdict(0.96, 0.05) == "0.96x, the same within the 5% timing noise"
+    assert lab.speed_verdict(1.5, 0.05) == "1.50x, faster" and lab.speed_verdict(0.5, 0.05) == "0.50x, slower"
+    noise = table.groupby("model").cpu_noise.nunique()
+    assert (noise == 1).all() and table.cpu_noise.between(0, 1).all()  # one timing noise per model, measured
+
+
+def test_the_tables_and_charts_show_what_was_measured(table):
+    columns = lab.table_columns(table)
+    assert "gpu_latency_s" not in columns and len(columns) <= display.MAX_TABLE_COLUMNS  # no GPU here: no empty column
+    view = display.frame(table, columns)
+    assert "CPU inference latency (ms)" in view and len(view) == len(table)
+    assert any(c in view for c in ("model size (KiB)", "model size (MiB)"))  # human units, never raw bytes
     assert lab.chart_metrics(table) == ["size_vs_fp32", "cpu_speedup", "test_accuracy"]
-    row = view[(view.model == "tiny_vit") & (view.method == "int4_weight_only")].iloc[0]
+    row = table.set_index(["model", "method"]).loc[("tiny_vit", "int4_weight_only")]
     assert row["not run because"].startswith("torchao's int4") and ";" not in row["not run because"]
-    assert view[view.method == "fp32"]["file vs fp32"].eq("100%").all()
     with_gpu = table.assign(gpu_latency_s=0.01, gpu_speedup=1.0)
-    assert "GPU (ms, batch 64)" in lab.table_view(with_gpu) and lab.chart_metrics(with_gpu)[-1] == "gpu_speedup"
+    assert "gpu_latency_s" in lab.table_columns(with_gpu) and len(lab.table_columns(with_gpu)) <= 7
+    assert lab.chart_metrics(with_gpu)[-1] == "gpu_speedup"
+    methods = lab.methods_table()
+    assert len(lab.methods_columns(methods)) <= 7 and "Linear only" in methods  # the rest stays in the frame
+    display.frame(methods, lab.methods_columns(methods))
 
 
 def test_compare_refuses_unknown_methods(cfgs):
@@ -131,8 +150,9 @@ def test_sensitivity_compares_the_float_choices_on_validation(cfgs):
     assert int8.model_size_bytes.iloc[0] < int8.model_size_bytes.iloc[-1] < frame.model_size_bytes.iloc[0]
     simulated = frame[frame.study == "3-bit weights (simulated)"]
     assert list(simulated.choice) == list(lab.SIMULATED_CHOICES) and simulated.model_size_bytes.isna().all()
-    text = flat(lab.sensitivity_finding(frame, cfgs["tiny_vit"]))
-    assert "Validation accuracy of fp32" in text and "3-bit weights (simulated): all rounded" in text
+    text = flat(lab.sensitivity_finding(frame))
+    assert text.startswith("Validation accuracy of fp32") and "3-bit weights (simulated): everything quantized" in text
+    assert "\n" not in lab.sensitivity_finding(frame)
     cnn = lab.sensitivity(cfgs["small_cnn"], num_calibration=2, bits=())
     assert "LayerNorm float" not in set(cnn.choice)  # a CNN has no LayerNorm: that choice is not repeated
 
@@ -141,6 +161,7 @@ def test_qat_vs_ptq_runs_three_recipes_from_the_same_model(cfgs):
     frame = lab.qat_vs_ptq(cfgs["small_cnn"], steps=6)
     assert list(frame.extra_steps) == [0, 6, 6] and frame.recipe.iloc[2].startswith("+6 QAT steps")
     assert math.isnan(frame.step_time_s.iloc[0]) and (frame.step_time_s.iloc[1:] > 0).all()
+    assert (frame.step_time_p10_s.iloc[1:] <= frame.step_time_p90_s.iloc[1:]).all()
     assert frame.test_accuracy.between(0, 1).all() and (frame.quantize_s > 0).all()
     assert "QAT against PTQ at once" in flat(lab.qat_finding(frame))
     with pytest.raises(ConfigError, match=r"steps=2 is not allowed: an integer >= "):
@@ -148,12 +169,12 @@ def test_qat_vs_ptq_runs_three_recipes_from_the_same_model(cfgs):
 
 
 def test_the_panel_runs_one_method_on_the_chosen_model(cfgs, monkeypatch):
-    monkeypatch.setattr(lab, "workloads", lambda prof=None: cfgs)
+    monkeypatch.setattr(workload, "workloads", lambda prof=None: cfgs)
     run = lab.panel_run(cfgs["tiny_vit"], model="tiny_vit", method="int8_dynamic")
     row = run.to_row()
     assert row["size_vs_fp32"] < 0.35 and row["cpu_speedup"] > 0 and row["model"] == "tiny_vit"
-    assert row["model_size_bytes"] == measure.model_size_bytes(quantization.quantize(lab.fine_tuned(cfgs["tiny_vit"])[0],
-                                                                                      "int8_dynamic"))
+    int8 = quantization.quantize(lab.fine_tuned(cfgs["tiny_vit"])[0], "int8_dynamic")
+    assert row["model_size_bytes"] == measure.model_size_bytes(int8)
     assert "tiny_vit int8_dynamic: file" in str(run)
     with pytest.raises(ConfigError, match=r"method='int4_weight_only' is not allowed: a method that runs on this "
                                           r"machine's CPU: torchao's int4"):

@@ -26,9 +26,9 @@ LEGACY_SEED = re.compile(r"(?i:\bthe seeds?\b(?! of the\b)|\bseed's\b|\bseeds')|
 # Not yet brought within the limits (issue 26 lands notebook by notebook); a notebook leaves this list when it
 # passes, and the strict xfail fails until it does.
 NOT_YET = {
-    "words": {"06_quantization", "07_distributed"},
+    "words": set(),
     "tables": set(),
-    "seed": {"06_quantization", "07_distributed"},
+    "seed": set(),
 }
 
 
@@ -90,7 +90,8 @@ def test_no_seed_in_the_sense_of_the_labs_starting_material(path):
 def test_the_measures_see_what_they_measure(tmp_path):
     nb = {"cells": [
         {"cell_type": "markdown", "source": ["## 1. One\n", "| a | b |\n", "| --- | :-: |\n", "| 1 | 2 |\n"]},
-        {"cell_type": "markdown", "source": ["## 2. Two words\nThe seed's recipe, a random seed, the seed of the model."]},
+        {"cell_type": "markdown",
+         "source": ["## 2. Two words\nThe seed's recipe, a random seed, the seed of the model."]},
         {"cell_type": "code", "source": ["lab.seed_snippet(); torch.manual_seed(0); run(seed=1, seeds=(0, 1))"]}]}
     path = tmp_path / "99_x.ipynb"
     path.write_text(json.dumps(nb))
