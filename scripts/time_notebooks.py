@@ -1,6 +1,7 @@
-"""Run notebooks at the `quick` profile as a learner's first run does (a fresh results cache, one notebook at a
-time) and write their wall times to `notebooks/src/timings.json`, which `scripts/build_notebooks.py` puts in
-each header. Run it on an idle 2-core machine after a change that alters a notebook's work, then `make notebooks`.
+"""Run notebooks at the `quick` profile as a learner's first pass does (one notebook at a time, in order, sharing
+one results cache that starts empty: a notebook reuses runs an earlier one cached, as on a learner's machine) and
+write their wall times to `notebooks/src/timings.json`, which `scripts/build_notebooks.py` puts in each header.
+Run it on an idle 2-core machine after a change that alters a notebook's work, then `make notebooks`.
 
 Usage: python scripts/time_notebooks.py [NN_name or NN ...]   (none: every notebook)
 """
@@ -36,10 +37,10 @@ def machine() -> str:
             f"torch {torch.__version__.split('+')[0]}, {datetime.date.today().isoformat()}")
 
 
-def run(path: Path) -> float:
-    """Seconds to run every cell of ``path`` at `quick` from an empty results cache."""
+def run(path: Path, data: str) -> float:
+    """Seconds to run every cell of ``path`` at `quick`, with its results cache in ``data``."""
     nb = nbformat.read(path, as_version=4)
-    with tempfile.TemporaryDirectory(prefix="labkit-timing-") as data, tempfile.TemporaryDirectory() as cwd:
+    with tempfile.TemporaryDirectory() as cwd:
         env = {**os.environ, "LABKIT_PROFILE": "quick", "LABKIT_DATA_DIR": data, "LABKIT_OFFLINE": "1"}
         os.environ.update(env)  # the kernel inherits this process's environment
         client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
@@ -56,8 +57,9 @@ def main(names: list[str]) -> int:
     if not chosen:
         print(f"no notebook matches {names}", file=sys.stderr)
         return 2
+    data = tempfile.mkdtemp(prefix="labkit-timing-")
     for path in chosen:
-        seconds = run(path)
+        seconds = run(path, data)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         timings["notebooks"].setdefault(path.stem, {}).update(
             quick_s=round(seconds, 1), measured_on=machine(), commit=commit.stdout.strip())

@@ -131,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"env": _cmd_env, "run": _cmd_run, "sweep": _cmd_sweep, "doctor": _cmd_doctor, "pretrain": _cmd_pretrain, "bench": _cmd_bench,
-            "solutions": _cmd_solutions}
+COMMANDS = {"env": _cmd_env, "run": _cmd_run, "sweep": _cmd_sweep, "doctor": _cmd_doctor, "pretrain": _cmd_pretrain,
+            "bench": _cmd_bench, "solutions": _cmd_solutions}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,10 @@ METRICS: dict[str, Metric] = {
     "trainable_params": _m("trainable parameters", COUNT),
     "batch_size": _m("batch size", "samples"),
     "lr": _m("learning rate"),
+    "bucket_cap_mb": _m("DDP bucket size", "MB"),
+    "threads_per_rank": _m("CPU threads per rank"),
+    "max_abs_error": _m("largest absolute error"),
+    "float_accuracy": _m("accuracy before int8", "%", 100.0),
     # freezing (notebook 05)
     "mean_step_time_s": _m("mean step time", "ms", 1e3),
     "forward_flops": _m("forward FLOPs per step", "GFLOP", 1e-9),
@@ -154,6 +158,18 @@ def scaled(column: str, values=()) -> Metric:
     if m.unit == "s" and m.scale == 1.0 and finite and largest < 0.1:
         return Metric(m.label, "ms", 1e3)
     return m
+
+
+def quantity(column: str, value) -> str:
+    """One measured ``value`` of ``column`` with its unit, as a finding line writes it: "44.7 MiB", "40.5 ms".
+
+    Example:
+        >>> quantity("peak_memory_bytes", 3 * 2**30), quantity("step_time_s", 0.0405)
+        ('3 GiB', '40.5 ms')
+    """
+    m = scaled(column, [value])
+    shown = number(value * m.scale) if _is_number(value) else str(value)
+    return f"{shown} {m.unit}" if m.unit and m.unit not in ("x", "%") else f"{shown}{m.unit}"
 
 
 def axis_label(column: str, values=()) -> str:

@@ -272,7 +272,8 @@ class NotebookPage:
         # The kernel redraws the panel's estimate for the new settings: let the panel's texts settle.
         texts = panel.locator(".widget-html")
         self._wait_until_stable(lambda: "|".join(texts.all_inner_texts()), settle_s=1.5, timeout_s=10)
-        run.estimate = next((t for t in texts.all_inner_texts() if re.match(r"\s*(Estimated time|Cached|No time estimate)", t)), None)
+        estimates = r"\s*(Estimated time|Cached|No time estimate)"
+        run.estimate = next((t for t in texts.all_inner_texts() if re.match(estimates, t)), None)
         status = panel.locator(".widget-html").last
         before = status.inner_text()
         start = time.monotonic()

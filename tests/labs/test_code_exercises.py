@@ -16,8 +16,8 @@ from labkit.labs.start_here.exercises import time_steps_solution
 exercises = all_exercises()  # every notebook's, by name
 check = exercises.check
 
-CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel", "07.shard",
-        "08.lora_forward", "09.measured_order"]
+CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel",
+        "07.shard", "08.lora_forward", "09.measured_order"]
 
 
 @pytest.mark.parametrize("name", CODE)
@@ -89,7 +89,8 @@ def _amp_step(unscale=True, update=True, via_scaler=True):
 
 
 @pytest.mark.parametrize("mistake, hint", [
-    (dict(unscale=False), r"in fp16, the gradients the optimizer got differ .* call scaler.unscale_\(optimizer\) before clipping"),
+    (dict(unscale=False),
+     r"in fp16, the gradients the optimizer got differ .* call scaler.unscale_\(optimizer\) before clipping"),
     (dict(update=False), r"your function raised RuntimeError: unscale_\(\) is being called after step\(\)"),
     (dict(via_scaler=False), r"your step still stepped the optimizer.*scaler.step\(optimizer\)"),
 ])
@@ -224,7 +225,8 @@ def _shard(contiguous=False, fixed_epoch=False, no_shuffle=False):
     def my_shard(n, world, rank, seed, epoch):
         if no_shuffle:
             return list(range(rank, n // world * world, world))
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + (0 if fixed_epoch else epoch))).tolist()
+        generator = torch.Generator().manual_seed(seed + (0 if fixed_epoch else epoch))
+        order = torch.randperm(n, generator=generator).tolist()
         if contiguous:
             block = n // world
             return order[rank * block:(rank + 1) * block]

@@ -96,7 +96,8 @@ def test_bitsandbytes_that_cannot_run_here_is_a_clear_error(monkeypatch, fresh_p
 
 def test_build_8bit_optimizer_rejects_bad_arguments():
     params = list(nn.Linear(4, 4).parameters())
-    with pytest.raises(ConfigError, match=r"optimizer='adam8' is not allowed: one of \['adamw8bit', 'paged_adamw8bit'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"optimizer='adam8' is not allowed: one of \['adamw8bit', 'paged_adamw8bit'\]"):
         optimizers.build_8bit_optimizer(params, "adam8")
     with pytest.raises(ConfigError, match=r"min_8bit_size=-1 is not allowed: an integer >= 0"):
         optimizers.build_8bit_optimizer(params, min_8bit_size=-1)

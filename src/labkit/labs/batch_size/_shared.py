@@ -3,7 +3,6 @@ written, and when two timings differ beyond their measured spread."""
 
 from __future__ import annotations
 
-from ...display import number
 from ...env import PROFILES, profile
 from ...measure import separated
 
@@ -17,11 +16,6 @@ def test_set_size(frame) -> int:
 def sizes(frame) -> str:
     """``frame``'s batch sizes as "8, 16, 32"."""
     return ", ".join(str(int(b)) for b in frame["batch_size"])
-
-
-def seconds(value) -> str:
-    """A duration in s, or in ms below 0.1 s, to three significant digits."""
-    return f"{number(value)} s" if value >= 0.1 else f"{number(value * 1e3)} ms"
 
 
 def apart(slow, fast, column: str) -> bool | None:

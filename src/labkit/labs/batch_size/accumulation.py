@@ -13,14 +13,14 @@ from torch import nn
 
 from ... import data, models
 from ...config import RunConfig
-from ...display import number
+from ...display import number, quantity
 from ...env import resolve_device, set_tf32
 from ...errors import ConfigError
 from ...messages import worded
 from ...train import run_splits
 from ...units import change, mib, ratio
 from ...validate import is_int
-from ._shared import apart, seconds
+from ._shared import apart
 
 BATCHNORM_MODES = ("train", "eval", "none")
 
@@ -153,5 +153,5 @@ def accumulation_finding(df) -> str:
             f"{int(base['batch_size'])} in micro-batches of {int(most['batch_size'] // most['grad_accum'])}: peak "
             f"{mib(base['peak_memory_bytes'], '.3g')} -> {mib(most['peak_memory_bytes'], '.3g')} "
             f"({change(ratio(most['peak_memory_bytes'], base['peak_memory_bytes']))}), step "
-            f"{seconds(base['step_time_s'])} -> {seconds(most['step_time_s'])} "
+            f"{quantity('step_time_s', base['step_time_s'])} -> {quantity('step_time_s', most['step_time_s'])} "
             f"({number(most['step_time_s'] / base['step_time_s'])}x, {noise}).")

@@ -12,7 +12,7 @@ import torch
 from ... import data, measure, models, results
 from ...capacity import fit_linear_memory
 from ...config import RunConfig
-from ...display import number
+from ...display import number, quantity
 from ...env import env_report, profile, resolve_device, set_tf32
 from ...errors import ConfigError
 from ...measure import accuracy_noise
@@ -20,10 +20,15 @@ from ...techniques.optimizers import scale_lr
 from ...techniques.precision import autocast, resolve_precision
 from ...train import run_splits
 from ...validate import check_positive_int
-from ._shared import apart, seconds, sizes, test_set_size, verdict
+from ._shared import apart, sizes, test_set_size, verdict
 
 INFERENCE_COLUMNS = ("inference_batch_latency_s", "inference_time_s", "inference_time_p10_s", "inference_time_p90_s",
                      "inference_per_sample_s")
+
+
+def seconds(value) -> str:
+    """A duration in s, or in ms below 0.1 s, to three significant digits."""
+    return quantity("epoch_time_s", value)
 
 
 class _InferenceTimer:

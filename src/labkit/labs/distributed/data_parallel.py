@@ -23,9 +23,8 @@ CLAIMED_DP_DDP = {"setup": "4 x V100", "DataParallel_hours": 8.0, "DDP_hours": 1
 TABLE_COLUMNS = ("method", "gpus", "step_time_s", "throughput", "peak_memory_bytes", "accuracy")
 
 
-def _size(nbytes: float) -> str:
-    unit = display.scaled("peak_memory_bytes", [nbytes])
-    return f"{display.number(nbytes * unit.scale)} {unit.unit}"
+def _mib(nbytes: float) -> str:
+    return display.quantity("peak_memory_bytes", nbytes)
 
 
 def data_parallel_fit(cfg: RunConfig, progress: bool = True) -> RunResult:
@@ -57,8 +56,8 @@ class DataParallelComparison:
         dp, ddp = self.frame.iloc[0], self.frame.iloc[1]
         claim = CLAIMED_DP_DDP["DataParallel_hours"] / CLAIMED_DP_DDP["DDP_hours"]
         return (f"On {self.gpus} GPUs: DDP {ddp.throughput / dp.throughput:.2f}x DataParallel's throughput "
-                f"({time_verdict(ddp, dp)}); GPU 0's peak memory {_size(dp.peak_memory_bytes)} with DataParallel, "
-                f"{_size(ddp.peak_memory_bytes)} per GPU with DDP (the claim that circulates: {claim:.1f}x on "
+                f"({time_verdict(ddp, dp)}); GPU 0's peak memory {_mib(dp.peak_memory_bytes)} with DataParallel, "
+                f"{_mib(ddp.peak_memory_bytes)} per GPU with DDP (the claim that circulates: {claim:.1f}x on "
                 f"{CLAIMED_DP_DDP['setup']}).")
 
     def table(self):

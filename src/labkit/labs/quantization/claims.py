@@ -15,12 +15,13 @@ from torch import nn
 
 from ... import measure
 from ...config import RunConfig
+from ...display import quantity
 from ...env import cpu_fp16_native
 from ...inference import example_batch
 from ...messages import worded, wrap
 from ...techniques import quantization
 from .methods import row, speed_verdict
-from .workload import VIT, fine_tuned, size_text
+from .workload import VIT, fine_tuned
 
 
 @worded
@@ -71,9 +72,12 @@ class Stacking:
         def outcome(error):
             return "ran" if error is None else f"failed: {error}"
 
-        return wrap(f"files: fp32 {size_text(self.fp32_bytes)}, fp16 {size_text(self.fp16_bytes)}, "
-                    f"int8 dynamic {size_text(self.int8_bytes)}, "
-                    f"fp16 then int8 dynamic {size_text(self.int8_from_fp16_bytes)}.\n"
+        def size(nbytes):
+            return quantity("model_size_bytes", nbytes)
+
+        return wrap(f"files: fp32 {size(self.fp32_bytes)}, fp16 {size(self.fp16_bytes)}, "
+                    f"int8 dynamic {size(self.int8_bytes)}, "
+                    f"fp16 then int8 dynamic {size(self.int8_from_fp16_bytes)}.\n"
                     f"fp16 then int8 dynamic, fp16 inputs: {outcome(self.fp16_input_error)}\n"
                     f"fp16 then int8 dynamic, fp32 inputs: {outcome(self.fp32_input_error)}")
 

@@ -15,7 +15,7 @@ from ...messages import wrap
 from ...validate import is_int
 from . import workload
 from .methods import TABLE_METHODS, build
-from .workload import CALIBRATION_BATCHES, VIT, calibration_batches, extra_steps, fine_tuned, size_text
+from .workload import CALIBRATION_BATCHES, VIT, calibration_batches, extra_steps, fine_tuned
 
 
 @dataclass
@@ -43,7 +43,7 @@ class QuantRun:
         return row
 
     def __str__(self) -> str:
-        return wrap(f"{self.model} {self.method}: file {size_text(self.model_size_bytes)} "
+        return wrap(f"{self.model} {self.method}: file {display.quantity('model_size_bytes', self.model_size_bytes)} "
                     f"({self.model_size_bytes / self.fp32_size_bytes:.0%} of fp32), CPU latency "
                     f"{display.number(self.cpu_latency_s * 1e3)} ms "
                     f"({self.fp32_cpu_latency_s / self.cpu_latency_s:.2f}x fp32's "

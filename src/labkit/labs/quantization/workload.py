@@ -11,7 +11,7 @@ import time
 import torch
 from torch import nn
 
-from ... import config, data, display, results, train
+from ... import config, data, results, train
 from ...config import RunConfig
 from ...env import Profile, profile
 from ...errors import ConfigError
@@ -96,16 +96,6 @@ def _version_tuple(version: str) -> tuple[int, ...]:
         digits = "".join(ch for ch in part if ch.isdigit())
         numbers.append(int(digits) if digits else 0)
     return tuple(numbers)
-
-
-def size_text(nbytes: float) -> str:
-    """``nbytes`` in the unit that suits it, to 3 significant digits: "412 KiB", "44.7 MiB".
-
-    Args:
-        nbytes: a size in bytes.
-    """
-    unit = display.scaled("model_size_bytes", [nbytes])
-    return f"{display.number(nbytes * unit.scale)} {unit.unit}"
 
 
 def eval_accuracy(model: nn.Module, cfg: RunConfig, images: int | None = None) -> float:

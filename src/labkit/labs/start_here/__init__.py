@@ -12,9 +12,12 @@ explanation of each outcome is in the notebook.
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 
 from ...config import RunConfig
+from ...display import quantity
 from ...env import PROFILES, profile
 from ...measure import PEAK_FLOPS, TimingPitfalls, accuracy_noise, timing_pitfalls
 from ...messages import worded
@@ -44,10 +47,6 @@ def timing_demo(cfg: RunConfig, warmup: int = 3, repeats: int = 10) -> TimingPit
     return timing_pitfalls(lambda: trainer.step(images, labels), trainer.device, warmup, repeats)
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
-
-
 def _spread_of(tp: TimingPitfalls, kind: str) -> tuple[float, float]:
     """A reading's 10th-90th percentile spread; a bare `TimingPitfalls` has none, so its median stands for it."""
     median = tp.warm_median_s if kind == "warm" else tp.unsynced_median_s
@@ -64,13 +63,14 @@ def timing(tp: TimingPitfalls) -> str:
     """
     warm_low, warm_high = _spread_of(tp, "warm")
     plain_low, plain_high = _spread_of(tp, "unsynced")
-    first = f"First call {_ms(tp.first_call_s)}, {tp.cold_vs_warm:.1f}x the warm median of {_ms(tp.warm_median_s)}"
+    ms = functools.partial(quantity, "step_time_s")
+    first = f"First call {ms(tp.first_call_s)}, {tp.cold_vs_warm:.1f}x the warm median of {ms(tp.warm_median_s)}"
     if tp.first_call_s > warm_high:
-        first += (f" (warm steps {_ms(warm_low)}-{_ms(warm_high)})" if warm_low < warm_high else "")
+        first += f" (warm steps {ms(warm_low)}-{ms(warm_high)})" if warm_low < warm_high else ""
         first += ": it paid one-off costs."
     else:
         first += ": within the warm steps' spread, so this process was already warm."
-    plain = f"Not synchronised: {_ms(tp.unsynced_median_s)}, {tp.unsynced_vs_synced:.2f}x the synchronised median"
+    plain = f"Not synchronised: {ms(tp.unsynced_median_s)}, {tp.unsynced_vs_synced:.2f}x the synchronised median"
     if tp.device != "cuda":
         plain += (": the same within the noise, as on any CPU." if plain_low <= warm_high and plain_high >= warm_low
                   else ": apart by the machine's load alone (a CPU has nothing to wait for).")
