@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import choices, config, train
+from labkit import choices, config, evaluation, train
 from labkit.errors import ConfigError
 from labkit.results import to_row
 from labkit.techniques import quantization
@@ -31,7 +31,7 @@ def trained(tmp_path_factory):
 
 def test_unstructured_pruning_zeroes_weights_but_keeps_the_size(trained):
     cfg, res = trained
-    info = train.score_inference(res.model, cfg.replace(prune_amount=0.5), res_splits(cfg))
+    info = evaluation.score_inference(res.model, cfg.replace(prune_amount=0.5), res_splits(cfg))
     assert info["method"] == "50% of weights zeroed"
     assert info["nonzero_share"] == pytest.approx(0.5, abs=0.01)
     assert info["size_bytes"] == res.model_size_bytes  # zeros are stored densely
@@ -39,14 +39,14 @@ def test_unstructured_pruning_zeroes_weights_but_keeps_the_size(trained):
 
 def test_structured_pruning_rebuilds_a_smaller_model(trained):
     cfg, res = trained
-    info = train.score_inference(res.model, cfg.replace(prune_amount=0.5, prune_structured=True), res_splits(cfg))
+    info = evaluation.score_inference(res.model, cfg.replace(prune_amount=0.5, prune_structured=True), res_splits(cfg))
     assert info["method"] == "50% of channels removed" and info["nonzero_share"] == pytest.approx(1.0, abs=0.01)
     assert info["size_bytes"] < 0.4 * res.model_size_bytes
 
 
 def test_static_int8_shrinks_and_keeps_accuracy_near(trained):
     cfg, res = trained
-    info = train.score_inference(res.model, cfg.replace(quantize="int8_static"), res_splits(cfg))
+    info = evaluation.score_inference(res.model, cfg.replace(quantize="int8_static"), res_splits(cfg))
     assert info["size_bytes"] < 0.35 * res.model_size_bytes and info["device"] == "cpu"
     assert abs(info["accuracy"] - res.accuracy) < 0.1
 
@@ -54,14 +54,14 @@ def test_static_int8_shrinks_and_keeps_accuracy_near(trained):
 def test_simulated_bits_keep_the_size_and_the_kept_layers(trained):
     cfg, res = trained
     splits = res_splits(cfg)
-    model = train.inference_model(res.model, cfg.replace(quantize="int3_simulated", quantize_keep_float=["stem"]),
+    model = evaluation.inference_model(res.model, cfg.replace(quantize="int3_simulated", quantize_keep_float=["stem"]),
                                   splits["train"])
     before, after = dict(res.model.named_parameters()), dict(model.named_parameters())
     assert all((after[n] == before[n]).all() for n in before if n.startswith("stem.") and n.endswith("weight"))
     changed = [n for n in before if n.startswith("head.") and n.endswith("weight")]
     assert changed and all(not (after[n] == before[n]).all() for n in changed)
     assert len(set(after["head.2.weight"].flatten().tolist())) <= 8  # 3 bits: 8 levels
-    info = train.score_inference(res.model, cfg.replace(quantize="int3_simulated"), splits)
+    info = evaluation.score_inference(res.model, cfg.replace(quantize="int3_simulated"), splits)
     assert info["size_bytes"] == res.model_size_bytes
 
 

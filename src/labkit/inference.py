@@ -12,7 +12,7 @@ import statistics
 import torch
 from torch import nn
 
-from . import data, measure, train
+from . import data, evaluation, measure, train
 from .config import RunConfig
 from .env import Profile, profile, resolve_device
 from .errors import ConfigError
@@ -41,7 +41,7 @@ def accuracy(model: nn.Module, cfg: RunConfig, split: str = "val") -> float:
         raise ConfigError("split", split, "'val' (for choosing) or 'test' (for reporting)")
     device = model_device(model)
     precision = resolve_precision("fp32", device)
-    return train.evaluate(model, _splits(cfg)[split], cfg, device, precision)
+    return evaluation.evaluate(model, _splits(cfg)[split], cfg, device, precision)
 
 
 def example_batch(cfg: RunConfig, batch_size: int = LATENCY_BATCH, device=None) -> torch.Tensor:

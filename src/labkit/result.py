@@ -9,7 +9,7 @@ Details of some `RunResult` fields:
   ``allreduce_bytes_per_step``; None for a run in one process. Step time, throughput, loss, FLOPs and accuracy
   are then the job's; peak memory is rank 0's.
 - ``inference``: when the config prunes or quantizes for inference (``prune_amount``, ``quantize``), the
-  deployed copy's figures (`labkit.train.score_inference`): ``method`` (in words), ``accuracy`` (test),
+  deployed copy's figures (`labkit.evaluation.score_inference`): ``method`` (in words), ``accuracy`` (test),
   ``size_bytes`` (serialised), ``nonzero_share`` (of the Conv/Linear weights, before quantization),
   ``device``; ``accuracy`` and ``model_size_bytes`` stay the trained float model's. None otherwise.
 """

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from . import measure, models, train
+from . import evaluation, measure, models, train
 from .config import RunConfig, load_config
 from .env import profile, resolve_device
 from .errors import ConfigError, DistributedError, NonFiniteLossError, UnsupportedError
@@ -263,7 +263,7 @@ def probe_quantization(cfg: RunConfig, model: torch.nn.Module, result) -> Findin
     unquantized = cfg.replace(quantize=None, quantize_keep_float=())
     # Against the same model unquantized: pruned too when the config prunes, so pruning's own loss is not counted.
     float_acc = result.accuracy if cfg.prune_amount is None else \
-        train.score_inference(model, unquantized, splits)["accuracy"]
+        evaluation.score_inference(model, unquantized, splits)["accuracy"]
     quant_acc = result.inference["accuracy"]
     noise = measure.accuracy_noise(float_acc, len(splits["test"]))
     drop = float_acc - quant_acc
@@ -278,20 +278,20 @@ def probe_quantization(cfg: RunConfig, model: torch.nn.Module, result) -> Findin
     for keep in _keep_choices(model):
         trial = cfg.replace(quantize_keep_float=tuple(dict.fromkeys((*cfg.quantize_keep_float, *keep))))
         try:
-            deployed = train.inference_model(model, trial, splits["train"])
+            deployed = evaluation.inference_model(model, trial, splits["train"])
         except ConfigError:  # nothing left to quantize (e.g. int8 dynamic with the only Linear kept in float)
             continue
         where = next(iter(deployed.parameters()), torch.empty(0)).device
-        scores.append((train.evaluate(deployed, splits["val"], trial, where, resolve_precision("fp32", where),
+        scores.append((evaluation.evaluate(deployed, splits["val"], trial, where, resolve_precision("fp32", where),
                                       shard=False), -len(keep), trial.quantize_keep_float))
     if not scores:
         return Finding("quantization_drop", "problem", observed, "the quantized layers themselves: every one of them "
                        "is needed", "a gentler method (int8 instead of fewer bits) or quantization-aware training "
                        "(notebook 06)")
     best_val, _, keep = max(scores)
-    val_float = train.evaluate(train.inference_model(model, unquantized, splits["train"]), splits["val"], cfg,
+    val_float = evaluation.evaluate(evaluation.inference_model(model, unquantized, splits["train"]), splits["val"], cfg,
                                device, fp32, shard=False)
-    checked = train.score_inference(model, cfg.replace(quantize_keep_float=keep), splits)
+    checked = evaluation.score_inference(model, cfg.replace(quantize_keep_float=keep), splits)
     tried = ", ".join(f"{'+'.join(k)} {a:.1%}" for a, _, k in scores)
     return Finding("quantization_drop", "problem", observed,
                    "sensitive layers quantized: the first layer sees raw pixels and the last one decides the class, "
@@ -307,7 +307,7 @@ def probe_pruning(cfg: RunConfig, model: torch.nn.Module, result) -> Finding:
     if cfg.prune_amount is None:
         return Finding("pruning_memory", "not probed", "the run prunes nothing (prune_amount: null)")
     splits = train.run_splits(cfg)
-    dense = train.score_inference(model, cfg.replace(prune_amount=None, prune_structured=False), splits) \
+    dense = evaluation.score_inference(model, cfg.replace(prune_amount=None, prune_structured=False), splits) \
         if cfg.quantize is not None else {"size_bytes": result.model_size_bytes}
     info = result.inference
     ratio = info["size_bytes"] / dense["size_bytes"]
@@ -321,7 +321,7 @@ def probe_pruning(cfg: RunConfig, model: torch.nn.Module, result) -> Finding:
         return Finding("pruning_memory", "problem", observed, "the pruned channels feed residual additions or "
                        "concatenations, which keep them", "prune the convolutions that are free to shrink "
                        "(labkit.techniques.pruning.channel_chains)", numbers=numbers)
-    structured = train.score_inference(model, cfg.replace(prune_structured=True), splits)
+    structured = evaluation.score_inference(model, cfg.replace(prune_structured=True), splits)
     return Finding("pruning_memory", "problem", observed,
                    "zeros are still stored densely: unstructured pruning zeroes weights but keeps every one of "
                    "them, as a float32 like any other", "remove whole channels (prune_structured: true) so the "

@@ -260,3 +260,12 @@ def test_ranks_share_the_threads_this_session_was_given(monkeypatch):
     assert lab.threads_per_rank("cpu", 1) == lab.threads_per_rank("cpu", 2) == 1
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1024)  # never more than the cores
     assert lab.threads_per_rank("cpu", 1) == lab.cpu_cores() and lab.threads_per_rank("cuda", 2) == 1
+
+
+def test_a_progress_line_with_another_ranks_output_on_it_still_reads():
+    from labkit.labs.distributed.jobs import _PROGRESS_LINE
+    from labkit.worker import PROGRESS
+
+    clean, merged = _PROGRESS_LINE.match(f"{PROGRESS}2 6"), _PROGRESS_LINE.match(f"{PROGRESS}2 6Traceback (most")
+    assert clean.groups() == ("2", "6", "") and merged.groups() == ("2", "6", "Traceback (most")
+    assert _PROGRESS_LINE.match("Traceback (most recent call last):") is None

@@ -5,6 +5,14 @@
   ``import labkit`` never needs it.
 - `scale_lr`: the linear (Goyal et al. 2017) and square-root learning-rate scaling rules for a batch size.
 - `warmup_lr`: the linear learning-rate warm-up over the first optimizer steps.
+
+8-bit AdamW (``adamw8bit``) keeps AdamW's two moments as uint8 codes in blocks of 256 values, each block with an
+fp32 scale (absmax): about 2.03 bytes per parameter instead of 8. Tensors with fewer than ``min_8bit_size``
+elements (biases, BatchNorm weights, small convolutions) keep fp32 moments: 8-bit state there would save little and
+cost accuracy. ``paged_adamw8bit`` is the same optimizer with its state (of tensors of 100,000+ elements) in CUDA
+unified memory, which the driver pages out to CPU memory when the GPU runs short; it needs a CUDA GPU. Paged state
+is allocated outside PyTorch's allocator: the allocator's peak (``peak_memory_bytes`` on CUDA) leaves it out, the
+memory breakdown's ``optimizer_state`` counts it.
 """
 
 from __future__ import annotations
@@ -63,16 +71,7 @@ def _runs_on(device: str) -> str | None:
 
 def build_8bit_optimizer(params, optimizer: str = "adamw8bit", lr: float = 1e-3, weight_decay: float = 0.0,
                          min_8bit_size: int = MIN_8BIT_SIZE) -> torch.optim.Optimizer:
-    """bitsandbytes' 8-bit AdamW over ``params``: what ``RunConfig(optimizer="adamw8bit")`` builds.
-
-    ``adamw8bit`` keeps AdamW's two moments as uint8 codes in blocks of 256 values, each block with an
-    fp32 scale (absmax): about 2.03 bytes per parameter instead of 8. Tensors with fewer than
-    ``min_8bit_size`` elements (biases, BatchNorm weights, small convolutions) keep fp32 moments: 8-bit
-    state there would save little and cost accuracy. ``paged_adamw8bit`` is the same optimizer with its
-    state (of tensors of 100,000+ elements) in CUDA unified memory, which the driver pages out to CPU
-    memory when the GPU runs short; it needs a CUDA GPU. Paged state is allocated outside PyTorch's
-    allocator: the allocator's peak (``peak_memory_bytes`` on CUDA) leaves it out, the memory breakdown's
-    ``optimizer_state`` counts it.
+    """bitsandbytes' 8-bit AdamW over ``params``: what ``RunConfig(optimizer="adamw8bit")`` builds (see above).
 
     Args:
         params: the parameters to optimise (all on one device).

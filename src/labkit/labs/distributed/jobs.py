@@ -12,6 +12,7 @@ import json
 import math
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -40,6 +41,10 @@ WORKER = ["-m", "labkit.worker"]
 START_UP_S = 120.0  # allowed for torchrun, the imports and the rendezvous, on top of the training
 FAIL_HOW = ("raise", "exit", "hang")
 VIT = "tiny_vit"  # LayerNorm, no BatchNorm: one process and N give the same loss curve on a CPU too
+
+# A progress line of rank 0 (``PROGRESS done total``); ranks share one pipe, so another rank's output can follow
+# on the same line.
+_PROGRESS_LINE = re.compile(re.escape(PROGRESS) + r"(\d+) (\d+)(.*)$")
 
 
 def cpu_cores() -> int:
@@ -192,8 +197,11 @@ def run_job(command: list[str], env: dict, out: Path, nproc: int, limit_s: float
                 continue
             if line is None:
                 break
-            if line.startswith(PROGRESS):
-                done, total = (int(part) for part in line[len(PROGRESS):].split())
+            progress_line = _PROGRESS_LINE.match(line)
+            if progress_line:
+                done, total = int(progress_line[1]), int(progress_line[2])
+                if progress_line[3]:  # another rank's output (a traceback) landed on the same line of the pipe
+                    log.append(progress_line[3])
                 if bar is None:
                     bar = tqdm(total=total, desc=desc, leave=False, disable=not show_bar)
                 bar.total = total

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, RandomSampler
 
-from ... import data, measure, models, results, train
+from ... import data, evaluation, measure, models, results, train
 from ...config import RunConfig
 from ...env import env_report
 from ...messages import worded
@@ -114,7 +114,7 @@ def _caching_record(cfg: RunConfig, epochs: int) -> dict:
     pairs = list(zip(heads[0].parameters(), heads[1].parameters(), strict=True))
     largest = max(float(a.detach().abs().max()) for a, _ in pairs)
     diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in pairs) / largest
-    accuracy = [train.evaluate(t.model, test, cfg, device, t.precision) for t in (through, cached)]
+    accuracy = [evaluation.evaluate(t.model, test, cfg, device, t.precision) for t in (through, cached)]
     return {"epoch_times_through_s": times_through, "epoch_times_cached_s": times_cached, "extract_s": extract_s,
             "cache_bytes": features.untyped_storage().nbytes(), "head_weight_diff": diff,
             "accuracy_through": accuracy[0], "accuracy_cached": accuracy[1], "steps_per_epoch": len(through.loader)}
