@@ -31,10 +31,6 @@ MIN_CHART_INK = 0.01
 # train-size change does not; 01's second precision is fp16, emulated on most CPUs (about a minute there), so
 # the test picks bf16, which exercises the same path.
 DROPDOWN = {"00_start_here": ("train_size", 1), "01_mixed_precision": ("precision", 2)}
-# Notebooks whose tables do not yet keep to 7 columns and human units (issue 26 lands notebook by notebook): their
-# table check fails as expected, and a notebook must leave the list once its tables pass.
-TABLES_NOT_YET = {"00_start_here", "01_mixed_precision", "02_batch_size", "03_memory_savers", "04_pruning",
-                  "05_freezing", "08_lora", "09_recipe"}
 
 
 @pytest.fixture
@@ -94,11 +90,7 @@ def test_notebook_in_jupyterlab(path, lab_server, page):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / f"{path.stem}.json").write_text(json.dumps(record, indent=1))
 
-    # Last, so that a notebook on TABLES_NOT_YET has passed every other check first.
     tables = [(f"cell {cell['index']}", table) for cell in cells for table in cell["tables"]]
     tables += [(f"panel {i + 1}", table) for i, run in enumerate(record["panels"]) for table in run["tables"]]
     problems = [f"{where}: {problem}" for where, table in tables for problem in table_problems(table)]
-    if path.stem in TABLES_NOT_YET:
-        assert problems, f"{path.stem}'s tables keep to the limits now: take it off TABLES_NOT_YET"
-        pytest.xfail(f"{path.stem}: tables not yet within the limits: {problems[:3]}")
     assert not problems, f"{path.name}: tables a learner should not see:\n" + "\n".join(problems)

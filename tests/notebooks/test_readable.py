@@ -23,15 +23,6 @@ MAX_TABLE_COLUMNS = 7
 # "the seed of the fine-tuned model" and "different seeds" are random seeds.
 LEGACY_SEED = re.compile(r"(?i:\bthe seeds?\b(?! of the\b)|\bseed's\b|\bseeds')|\bseed_\w+|\bSeed[A-Z]\w*|\bSEED_\w+"
                          r"|\brec\.seed\b")
-# Not yet brought within the limits (issue 26 lands notebook by notebook); a notebook leaves this list when it
-# passes, and the strict xfail fails until it does.
-NOT_YET = {
-    "words": set(),
-    "tables": set(),
-    "seed": set(),
-}
-
-
 def _cells(path: Path, kind: str) -> list[str]:
     return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == kind]
 
@@ -61,30 +52,21 @@ def legacy_seed(path: Path) -> list[str]:
     return [m.group(0) for text in _cells(path, "markdown") + _cells(path, "code") for m in LEGACY_SEED.finditer(text)]
 
 
-def _within(kind: str, path: Path, ok: bool, detail) -> None:
-    """Assert ``ok``; a notebook on the NOT_YET list fails as expected, and must leave the list once it passes."""
-    if path.stem in NOT_YET[kind]:
-        assert not ok, f"{path.stem} is within the {kind} limit now: take it off NOT_YET[{kind!r}]"
-        pytest.xfail(f"{path.stem}: {detail}")
-    assert ok, f"{path.stem}: {detail}"
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_at_most_2000_markdown_words_and_10_sections(path):
     assert len(numbered_sections(path)) <= MAX_SECTIONS, numbered_sections(path)
-    _within("words", path, markdown_words(path) <= MAX_WORDS, f"{markdown_words(path)} markdown words")
+    assert markdown_words(path) <= MAX_WORDS, f"{path.stem}: {markdown_words(path)} markdown words"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_markdown_tables_have_at_most_7_columns(path):
     columns = markdown_table_columns(path)
-    _within("tables", path, max(columns, default=0) <= MAX_TABLE_COLUMNS, f"markdown tables of {columns} columns")
+    assert max(columns, default=0) <= MAX_TABLE_COLUMNS, f"{path.stem}: markdown tables of {columns} columns"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_seed_in_the_sense_of_the_labs_starting_material(path):
-    found = legacy_seed(path)
-    _within("seed", path, not found, f"says {found}")
+    assert not legacy_seed(path), f"{path.stem} says {legacy_seed(path)}"
 
 
 def test_the_measures_see_what_they_measure(tmp_path):
@@ -98,8 +80,3 @@ def test_the_measures_see_what_they_measure(tmp_path):
     assert markdown_words(path) == 2 + 2 + 2 + 3 + 11 and len(numbered_sections(path)) == 2  # no pipes or rules
     assert markdown_table_columns(path) == [2]
     assert legacy_seed(path) == ["The seed", "seed_snippet"]
-
-
-def test_the_not_yet_lists_name_notebooks():
-    stems = {p.stem for p in NOTEBOOKS}
-    assert all(names <= stems for names in NOT_YET.values())

@@ -19,7 +19,7 @@ from .base import ALPHA
 
 
 class BlogLoRALayer(nn.Module):
-    """A LoRA layer as widely copied from blog posts, kept as it is: wrong on purpose (`blog_snippet_problems`)."""
+    """A LoRA layer as widely copied from blog posts, kept as it is: wrong on purpose (see the problems)."""
 
     def __init__(self, in_features, out_features, rank=4):
         super().__init__()
