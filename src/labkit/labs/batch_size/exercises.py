@@ -1,8 +1,4 @@
-"""Notebook 02's exercises (batch size): the questions, their checkers and worked solutions.
-
-The notebook imports this module as ``exercises``: ``exercises.question(name)``, ``exercises.check(name, answer)``,
-``exercises.solution(name)``.
-"""
+"""Notebook 02's exercises on batch size, with their checkers and worked solutions (`Exercises`)."""
 
 from __future__ import annotations
 
@@ -14,13 +10,7 @@ import torch.nn.functional as F
 from ... import data, models
 from ...env import resolve_device
 from ...equivalence import compare_step
-from ...exercises import (
-    CodeExercise,
-    Exercise,
-    Exercises,
-    WrongAnswer,
-    exercise_config,
-)
+from ...exercises import CodeExercise, Exercise, Exercises, WrongAnswer, exercise_config
 from ...train import run_splits
 from .accumulation import without_batchnorm
 

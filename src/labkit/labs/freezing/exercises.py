@@ -1,8 +1,4 @@
-"""Notebook 05's exercises (freezing): the questions, their checkers and worked solutions.
-
-The notebook imports this module as ``exercises``: ``exercises.question(name)``, ``exercises.check(name, answer)``,
-``exercises.solution(name)``.
-"""
+"""Notebook 05's exercises on freezing, with their checkers and worked solutions (`Exercises`)."""
 
 from __future__ import annotations
 
@@ -11,13 +7,7 @@ import math
 import torch
 
 from ... import models
-from ...exercises import (
-    CodeExercise,
-    Exercise,
-    Exercises,
-    WrongAnswer,
-    percent_not_fraction,
-)
+from ...exercises import CodeExercise, Exercise, Exercises, WrongAnswer, percent_not_fraction
 from ...techniques import freezing
 
 EXERCISES = Exercises()

@@ -1,8 +1,4 @@
-"""Notebook 08's exercises (LoRA and QLoRA): the questions, their checkers and worked solutions.
-
-The notebook imports this module as ``exercises``: ``exercises.question(name)``, ``exercises.check(name, answer)``,
-``exercises.solution(name)``.
-"""
+"""Notebook 08's exercises on LoRA and QLoRA, with their checkers and worked solutions (`Exercises`)."""
 
 from __future__ import annotations
 
@@ -11,13 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ...exercises import (
-    CodeExercise,
-    Exercise,
-    Exercises,
-    WrongAnswer,
-    unit_slip,
-)
+from ...exercises import CodeExercise, Exercise, Exercises, WrongAnswer, unit_slip
 from ...techniques import lora
 
 EXERCISES = Exercises()

@@ -1,8 +1,4 @@
-"""Notebook 03's exercises (memory savers): the questions, their checkers and worked solutions.
-
-The notebook imports this module as ``exercises``: ``exercises.question(name)``, ``exercises.check(name, answer)``,
-``exercises.solution(name)``.
-"""
+"""Notebook 03's exercises on memory savers, with their checkers and worked solutions (`Exercises`)."""
 
 from __future__ import annotations
 
@@ -10,12 +6,7 @@ import math
 
 import torch
 
-from ...exercises import (
-    CodeExercise,
-    Exercise,
-    Exercises,
-    WrongAnswer,
-)
+from ...exercises import CodeExercise, Exercise, Exercises, WrongAnswer
 from .selective import activation_peak, mlp_blocks
 
 EXERCISES = Exercises()

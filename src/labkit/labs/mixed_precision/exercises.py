@@ -1,8 +1,4 @@
-"""Notebook 01's exercises (mixed precision): the questions, their checkers and worked solutions.
-
-The notebook imports this module as ``exercises``: ``exercises.question(name)``, ``exercises.check(name, answer)``,
-``exercises.solution(name)``.
-"""
+"""Notebook 01's exercises on mixed precision, with their checkers and worked solutions (`Exercises`)."""
 
 from __future__ import annotations
 
@@ -14,14 +10,7 @@ import torch.nn.functional as F
 
 from ...env import env_report
 from ...equivalence import compare_step
-from ...exercises import (
-    CodeExercise,
-    Exercise,
-    Exercises,
-    WrongAnswer,
-    exercise_config,
-    percent_not_fraction,
-)
+from ...exercises import CodeExercise, Exercise, Exercises, WrongAnswer, exercise_config, percent_not_fraction
 
 EXERCISES = Exercises()
 

@@ -1,19 +1,10 @@
-"""Notebook 09's exercises (the recipe): the questions, their checkers and worked solutions.
-
-The notebook imports this module as ``exercises``: ``exercises.question(name)``, ``exercises.check(name, answer)``,
-``exercises.solution(name)``.
-"""
+"""Notebook 09's exercises on the recipe, with their checkers and worked solutions (`Exercises`)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from ...exercises import (
-    CodeExercise,
-    Exercise,
-    Exercises,
-    WrongAnswer,
-)
+from ...exercises import CodeExercise, Exercise, Exercises, WrongAnswer
 from .stages import Stage, measured_order
 
 EXERCISES = Exercises()

@@ -1,20 +1,10 @@
-"""Notebook 00's exercises (start here): the questions, their checkers and worked solutions.
-
-The notebook imports this module as ``exercises``: ``exercises.question(name)``, ``exercises.check(name, answer)``,
-``exercises.solution(name)``.
-"""
+"""Notebook 00's exercises on start here, with their checkers and worked solutions (`Exercises`)."""
 
 from __future__ import annotations
 
 import time
 
-from ...exercises import (
-    CodeExercise,
-    Exercise,
-    Exercises,
-    WrongAnswer,
-    percent_not_fraction,
-)
+from ...exercises import CodeExercise, Exercise, Exercises, WrongAnswer, percent_not_fraction
 
 EXERCISES = Exercises()
 
