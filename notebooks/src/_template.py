@@ -24,11 +24,9 @@
 
 # %% [markdown]
 # ## 0. Setup
-# On Colab or Kaggle the next cell installs {{package}} and keeps the preinstalled PyTorch (labkit never
-# reinstalls torch); locally, `make lab` has installed it already. The cell after it reads the *profile*,
-# which sets how much work every experiment does (`ci`: seconds, for automated checks; `quick`: minutes on
-# a laptop CPU, the default without a GPU; `full`: the default on a GPU; set `LABKIT_PROFILE` before
-# starting Jupyter to choose), and reports the hardware.
+# On Colab or Kaggle the next cell installs {{package}}, never torch; locally `make lab` did. The cell after it
+# reads the *profile*, how much work each experiment does (`ci` for automated checks, `quick` by default on a
+# CPU, `full` on a GPU; `LABKIT_PROFILE` chooses), and reports the hardware.
 
 # %%
 import os

@@ -77,6 +77,6 @@ def test_the_measures_see_what_they_measure(tmp_path):
         {"cell_type": "code", "source": ["lab.seed_snippet(); torch.manual_seed(0); run(seed=1, seeds=(0, 1))"]}]}
     path = tmp_path / "99_x.ipynb"
     path.write_text(json.dumps(nb))
-    assert markdown_words(path) == 2 + 2 + 2 + 3 + 11 and len(numbered_sections(path)) == 2  # no pipes or rules
+    assert markdown_words(path) == 3 + 5 + 5 + 5 + 4 + 11 and len(numbered_sections(path)) == 2  # pipes count
     assert markdown_table_columns(path) == [2]
     assert legacy_seed(path) == ["The seed", "seed_snippet"]
