@@ -2,9 +2,9 @@
 # # Start here: how labkit measures fine-tuning
 #
 # Every notebook in this lab changes one thing about fine-tuning and shows what it does to four numbers:
-# **time, memory, accuracy and size**. Those numbers are only worth something if they are measured
-# correctly, so this first notebook shows *how* labkit measures, live, on whatever machine you are on,
-# and the few lines of plain PyTorch behind each measurement, so you can measure your own loop the same way.
+# **time, memory, accuracy and size**. They are only worth something if measured correctly, so this
+# notebook shows *how* labkit measures, live on your machine, and the few lines of plain PyTorch behind each
+# measurement, so you can measure your own loop the same way.
 #
 # **You will learn**
 # 1. why a GPU timer needs synchronisation and every timer needs warm-up, and how to write one;
@@ -75,10 +75,10 @@ plots.bar(tp.to_frame(), x="method", y="time_s");
 # both see the same load, and calls a gap real only outside the warm steps' 10-90% spread.
 
 # %% [markdown]
-# **The mechanism.** The same measurement as a timer in plain PyTorch, which you can use on your own loop.
-# `sync` waits for the GPU (`torch.cuda.synchronize`); on a CPU there is nothing to wait for.
-# `synchronise=False` is the classic mistake. `trainer.step` is labkit's training step for `cfg` (forward,
-# backward, optimizer step); any function of yours works the same way.
+# **The mechanism.** The same timer in plain PyTorch, for your own loop. `sync` waits for the GPU
+# (`torch.cuda.synchronize`); on a CPU there is nothing to wait for. `synchronise=False` is the classic
+# mistake. `trainer.step` is labkit's training step for `cfg` (forward, backward, optimizer step); any
+# function works.
 
 # %%
 import statistics
@@ -167,7 +167,7 @@ assert all(0.5 < statistics.median(r) < 2 for r in ratios.values()), ratios
 # %% [markdown]
 # **The mechanism.** Peak memory of one step in plain PyTorch. On a GPU: reset the allocator's peak,
 # run the step, read `max_memory_allocated` (live tensors) and `memory_reserved` (what the cache holds).
-# A CPU has no allocator statistics, so labkit counts every live tensor with torch's `MemTracker`, as below.
+# On a CPU, `MemTracker` counts every live tensor instead.
 
 # %%
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -211,11 +211,10 @@ print(guesses.versus(guess_activation_share, lab.activation_share(res), "activat
 plots.memory_breakdown({"baseline": res});
 
 # %% [markdown]
-# How to read it. On a GPU, nvidia-smi shows the reserved figure (plus the CUDA context), which includes
-# blocks the cache holds for no tensor; comparisons use the allocated one. Because each category peaks at
-# its own moment, the categories' peaks add up to more than the memory held at the step's total peak. On a
-# GPU the allocator's peak also lies a little above the tensors labkit tracks: cuBLAS/cuDNN workspaces and
-# the allocator's rounding of each block.
+# How to read it. On a GPU, comparisons use the allocated figure, not the reserved one nvidia-smi shows.
+# Because each category peaks at its own moment, the categories' peaks add up to more than the memory held
+# at the step's total peak. On a GPU the allocator's peak also lies a little above the tensors labkit
+# tracks: cuBLAS/cuDNN workspaces and the allocator's rounding of each block.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the breakdown has activations, and one gradient per trainable parameter
@@ -284,8 +283,7 @@ print(f"MFU: {res.mfu:.1%}" if res.mfu is not None else "No datasheet peak for t
 # the datasheet peaks of the GPUs this lab is used on (hatched: NVIDIA's published figures, not
 # measurements) and, where `labkit bench` has measured this run on a real GPU (committed under
 # `src/labkit/assets/reference/` with the GPU, date and versions), those runs too. The axis is
-# logarithmic: the bars span several orders of magnitude. The gap between your bar and the peaks is the
-# room the later notebooks work in.
+# logarithmic. The gap between your bar and the peaks is the room the later notebooks work in.
 
 # %%
 measured = labkit.load_reference("00_start_here-baseline*")  # none until a GPU run is shipped
@@ -296,8 +294,7 @@ plots.bar(live, x="setup", y="achieved_flops", reference=peaks, logy=True);
 # %% [markdown]
 # ## 6. Your turn: the panel
 # Pick a model, a batch size and the amount of training data, then press **Run**. Finished runs are
-# cached on disk (`labkit.results.results_dir()` says where), so pressing Run again with the same
-# settings is instant.
+# cached on disk (`labkit.results.results_dir()` says where), so rerunning the same settings is instant.
 
 # %%
 panel = ExperimentPanel(

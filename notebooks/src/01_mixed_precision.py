@@ -1,9 +1,9 @@
 # %% [markdown]
 # # Mixed precision: fp16 with a GradScaler, bf16, and what they really save
 #
-# Training in 16-bit floats instead of 32-bit ones halves the bytes of every activation and lets GPUs use their
-# tensor cores. This notebook writes the mixed-precision step in plain PyTorch, checks it against labkit's, then
-# runs the same fine-tune in **fp32**, **fp32 with TF32**, **fp16 with a GradScaler** and **bf16**.
+# 16-bit floats halve the bytes of every activation and let GPUs use their tensor cores. This notebook writes
+# the mixed-precision step in plain PyTorch, checks it against labkit's, then runs one fine-tune in **fp32**,
+# **fp32 with TF32**, **fp16 with a GradScaler** and **bf16**.
 #
 # **You will learn**
 # 1. how fp32, fp16 and bf16 differ, and why fp16 needs a *GradScaler* and bf16 does not;
@@ -12,9 +12,9 @@
 #    saving can look small;
 # 4. which ops autocast keeps in float32, and which precision to choose on a T4, a P100, an A100 or a CPU.
 #
-# **What you need:** notebook 00 (how labkit times and measures memory). The speed-ups appear on a GPU with
-# tensor cores (a free T4). On a CPU everything runs, but section 3's speeds reflect its instruction set
-# (without AVX512-FP16 or AMX-FP16, fp16 is emulated and much slower), and its TF32 line shows only noise.
+# **What you need:** notebook 00 (labkit's timing and memory measurement). The speed-ups need a GPU with tensor
+# cores (a free T4). On a CPU everything runs, but section 3's speeds depend on its instruction set, and its
+# TF32 line shows only noise.
 
 # %%
 import labkit
@@ -41,9 +41,8 @@ display.table(lab.formats(), ["format", "exponent bits", "mantissa bits", "max",
                               "smallest subnormal", "eps (precision near 1)"])
 
 # %% [markdown]
-# Three lines show both of fp16's problems, and the fix for the first: a gradient of 1e-8 becomes 0 in fp16,
-# and survives when it is multiplied by $2^{16}$ first and divided again in float32. That is all a GradScaler
-# does (section 5 counts it on a real batch).
+# Both of fp16's problems in three lines, with the fix for the first: multiply by $2^{16}$ before the cast,
+# divide again in float32. That is all a GradScaler does (section 5 counts it on a real batch).
 
 # %%
 import torch
@@ -56,17 +55,17 @@ print(f"fp16 of 70000 (above its largest value, 65504): {torch.tensor(70000.0).h
 # *Mixed* precision means that under `torch.autocast` matrix multiplies and convolutions run in 16 bits, cheap
 # ops after them (ReLU, additions) run on the 16-bit results, and precision-sensitive ops stay float32
 # (section 6). Weights, gradients and optimizer state stay float32 (the "master weights"). For fp16, the
-# **GradScaler** multiplies the loss by a large factor $s$ before `backward()` and divides the gradients by $s$
-# before the optimizer step:
+# **GradScaler** scales the loss by a large factor $s$ before `backward()` and unscales the gradients before
+# the optimizer step:
 #
 # $$g = \frac{1}{s}\,\nabla_\theta\,(s \cdot L), \qquad s \leftarrow s/2 \text{ after an inf/NaN gradient}.$$
 
 # %% [markdown]
 # ## 2. The mixed-precision step
-# The whole technique, as plain PyTorch you can paste into your own loop. The gradients must be **unscaled
-# before clipping** (clipping the scaled ones would clip the true gradients at `max_norm / s`), and
-# `scaler.step` replaces `optimizer.step` (it skips the step when a gradient overflowed). For bf16, pass
-# `dtype=torch.bfloat16` and `GradScaler(enabled=False)`, which passes every call straight through.
+# The whole technique in plain PyTorch. The gradients must be **unscaled before clipping** (clipping the scaled
+# ones would clip the true gradients at `max_norm / s`), and `scaler.step` replaces `optimizer.step` (skipping
+# it when a gradient overflowed). For bf16, pass `dtype=torch.bfloat16` and a pass-through
+# `GradScaler(enabled=False)`.
 
 # %%
 import torch.nn.functional as F
@@ -86,8 +85,8 @@ def amp_step(model, images, labels, optimizer, scaler, dtype=torch.float16, max_
 
 # %% [markdown]
 # In labkit this is one field: `RunConfig(precision="fp16")` turns on autocast and a GradScaler, `"bf16"`
-# autocast alone, `"auto"` picks for the hardware. The check below runs `amp_step` and labkit's `Trainer.step`
-# from the same weights on the same batches and compares the gradients the optimizer receives.
+# autocast alone, `"auto"` picks for the hardware. The check below compares the gradients `amp_step` and
+# labkit's `Trainer.step` give the optimizer from the same weights and batches.
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # the plain step gives the optimizer the same gradients, weights and scale as labkit's Trainer.step
@@ -98,8 +97,8 @@ for name in dict.fromkeys(["fp16", LOW]):
 # %% [markdown]
 # **TF32**, the other switch: on Ampere and newer GPUs, float32 matmuls and convolutions may run on tensor
 # cores with a 10-bit mantissa. PyTorch's defaults differ (convolutions on, matmuls off), so a default "fp32"
-# CNN is partly TF32, which makes mixed-precision speed-ups look smaller. labkit sets both flags in every run
-# (`RunConfig(tf32=...)`) and records them:
+# CNN is partly TF32, shrinking apparent mixed-precision speed-ups. labkit sets and records both flags
+# in every run (`RunConfig(tf32=...)`):
 
 # %%
 torch.backends.cuda.matmul.allow_tf32 = False  # float32 matmuls: full float32 (True: TF32 on Ampere+)
@@ -159,13 +158,13 @@ for low in by.index.intersection(["bf16", "fp16 + GradScaler"]):
 # bf16 can beat fp32 with AVX512-BF16 or AMX; without fp16 arithmetic, fp16 is emulated and many times slower.
 # TF32 exists only on Ampere and later GPUs; elsewhere both fp32 lines do the same work. Accuracy should be
 # close in every setup: mixed precision changes the rounding, not the training (an emulated run is cut short,
-# and its line says so). Hatched bars, when present, are runs measured on real GPUs with `labkit bench`.
+# and its line says so). Hatched bars: runs measured on real GPUs with `labkit bench`.
 
 # %% [markdown]
-# Published speed-ups beside yours (hatched, never measured by this lab): the PyTorch AMP recipe expects
-# "significant (2-3X) speedup" on tensor-core GPUs and "a modest speedup" before them
+# Published speed-ups beside yours (hatched, not measured here): the PyTorch AMP recipe expects
+# "significant (2-3X) speedup" with tensor cores and "a modest speedup" without
 # ([recipe](https://pytorch.org/tutorials/recipes/recipes/amp_recipe.html)); the T4's datasheet peaks,
-# 65 TFLOP/s fp16 over 8.1 TFLOP/s fp32, bound what any model could gain there
+# 65 TFLOP/s fp16 over 8.1 fp32, bound any model's gain there
 # ([datasheet](https://www.nvidia.com/en-us/data-center/tesla-t4/)).
 
 # %%
@@ -174,7 +173,7 @@ plots.bar(live, x="setup", y="speedup_vs_fp32", reference=published);
 
 # %% [markdown]
 # ## 4. Where the memory goes
-# A complaint often seen on forums: "I switched on AMP and memory barely dropped". Parameters, gradients and
+# A common complaint: "I switched on AMP and memory barely dropped". Parameters, gradients and
 # AdamW's two moments stay float32, 16 bytes per parameter in every setup. Only the **activations** saved for
 # the backward pass shrink (with the temporary buffers, "other"), and not all of them: ops autocast keeps in
 # float32 save float32 tensors. Autocast also caches 16-bit copies of the weights during the step (2 more
@@ -186,9 +185,8 @@ plots.memory_breakdown(df, label="setup");
 
 # %% [markdown]
 # Two more reasons the saving can hide. On a GPU, **reserved** memory (what `nvidia-smi` shows) stays where an
-# earlier, larger peak left it; compare `max_memory_allocated` after `reset_peak_memory_stats`, as labkit does.
-# And activations grow with the batch while the fixed part does not, so the saving grows with the batch. A
-# short run per batch size is enough to measure memory:
+# earlier, larger peak left it; labkit compares allocated peaks (notebook 00). And activations grow with the
+# batch, the fixed part does not, so the saving grows with it. A short run per batch size suffices:
 
 # %%
 memory_cfg = cfg.replace(max_steps=P.warmup_steps + 4, evaluate=False)
@@ -224,10 +222,10 @@ assert small.loc["fp16, no scaling", "zeroed_gradients"] > small.iloc[2]["zeroed
 assert small.loc["fp32", "zeroed_gradients"] == 0
 
 # %% [markdown]
-# The scale is chosen on the fly: whenever a scaled gradient overflows (inf or NaN), the GradScaler **skips**
+# The scale adapts: whenever a scaled gradient overflows (inf or NaN), the GradScaler **skips**
 # that optimizer step and halves the scale; after `growth_interval` clean steps in a row it doubles it. Here it
-# starts at $2^{20}$ and may grow every 4 steps, over half a fine-tune's steps, to show both moves in a short
-# run (PyTorch's defaults are $2^{16}$ and 2000):
+# starts at $2^{20}$ and may grow every 4 steps, to show both moves in a short run (PyTorch's defaults are
+# $2^{16}$ and 2000):
 
 # %%
 trace = lab.scaler_trace(cfg, steps=P.max_steps // 2, init_scale=2.0**20, growth_interval=4)
@@ -235,16 +233,16 @@ print(lab.scaler_finding(trace))
 plots.loss_scale(trace);
 
 # %% [markdown]
-# The scale first falls to a level the gradients tolerate, skipping a step each time it halves. With a growth
-# interval of 4 it keeps probing upward and skips a step whenever a probe overflows: hence PyTorch's default of
-# 2000. A run that skips many steps trains less than its step count says. bf16 has fp32's range: no scaler.
+# The scale first falls to a level the gradients tolerate. With a growth interval of 4 it keeps probing upward
+# and skips a step whenever a probe overflows: hence PyTorch's default of 2000. A run that skips many steps
+# trains less than its step count says. bf16 has fp32's range: no scaler.
 
 # %% [markdown]
 # ## 6. What autocast keeps in float32
 # Autocast keeps three lists: ops it always runs in low precision (matrix multiplies, convolutions), ops it
 # always runs in float32 because rounding hurts them (losses; on CUDA also softmax, layer norm, exp, sums), and
-# the rest, which follow their inputs. The lists differ between CPU and CUDA and between PyTorch versions, so
-# labkit asks the installed PyTorch:
+# the rest, which follow their inputs. The lists differ by device and PyTorch version, so labkit asks the
+# installed PyTorch:
 
 # %%
 display.table(lab.autocast_dtypes(ENV["device"], LOW))
@@ -254,7 +252,7 @@ display.table(lab.autocast_dtypes(ENV["device"], LOW))
 # To force a region to float32, nest `torch.autocast(device_type, enabled=False)` **and** cast its inputs with
 # `.float()` (with autocast off, ops run in their inputs' dtype). `torch.amp.custom_fwd(device_type=...,
 # cast_inputs=torch.float32)` does the same for a custom `autograd.Function`; `precision.run_in_fp32(fn, *inputs)`
-# is one, which recomputes `fn` in the backward pass to save memory. Both give the same values and gradients:
+# is one, which recomputes `fn` in the backward pass to save memory. Both agree:
 
 # %%
 def logsumexp(t):  # a numerically sensitive piece
@@ -279,7 +277,7 @@ assert torch.allclose(grad_forced, grad_labkit, rtol=1e-3, atol=1e-6)
 
 # %% [markdown]
 # ## 7. Which precision here?
-# The line below comes from this machine's capabilities and, on a CPU, from what section 3 measured.
+# The advice below uses this machine's capabilities and, on a CPU, section 3's measurements.
 
 # %%
 print(lab.advice(ENV, df))
@@ -288,7 +286,7 @@ print(lab.advice(ENV, df))
 # | hardware | tensor cores | native bf16 | usual choice |
 # | --- | --- | --- | --- |
 # | P100 (6.0) | no | no | fp16 saves memory; measure its speed |
-# | T4 (7.5), V100 (7.0) | fp16 | no (emulated) | fp16 + GradScaler |
+# | T4 (7.5), V100 (7.0) | fp16 | emulated | fp16 + GradScaler |
 # | A100, L4, H100 (8.0+) | fp16, bf16, TF32 | yes | bf16 (no scaler) |
 # | CPU | no | with AVX512-BF16 / AMX | bf16 if measured faster, else fp32 |
 #
@@ -297,8 +295,8 @@ print(lab.advice(ENV, df))
 
 # %% [markdown]
 # ## 8. Your turn: the panel
-# Choose a precision, a batch size and a model, and press **Run**. Each run is added to the charts, so you can
-# compare, say, fp32 and bf16 at batch 256 on `resnet18`. Finished runs are cached.
+# Choose a precision, a batch size and a model, and press **Run**. Each run is added to the charts: compare,
+# say, fp32 and bf16 at batch 256 on `resnet18`. Finished runs are cached.
 
 # %%
 panel = ExperimentPanel(
@@ -312,18 +310,18 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | AMP slower than fp32 | no tensor cores (P100, most CPUs), tiny batches | check the capability, larger batch |
+# | AMP slower than fp32 | no tensor cores (P100, most CPUs), tiny batch | check capability; larger batch |
 # | memory looks unchanged with AMP | reading nvidia-smi; the fixed part dominates | allocated peak; larger batch |
-# | loss becomes NaN in fp16 | a forward value above 65504 overflowed | bf16, or that op in float32 (section 6) |
+# | loss becomes NaN in fp16 | a forward value overflowed 65504 | bf16, or that op in float32 (section 6) |
 # | fp16 training stalls, gradients zero | underflow below 6e-8 without loss scaling | GradScaler |
-# | an "fp32" baseline suspiciously fast on Ampere+ | TF32 on | set TF32 explicitly (`RunConfig(tf32=...)`) |
-# | bf16 very slow on a T4 | no native bf16 (capability < 8.0): emulated | fp16 + GradScaler |
+# | "fp32" suspiciously fast on Ampere+ | TF32 on | set `RunConfig(tf32=...)` explicitly |
+# | bf16 very slow on a T4 | emulated (capability < 8.0) | fp16 + GradScaler |
 #
 # A GradScaler does not prevent a NaN loss: it only skips steps whose *gradients* overflowed.
 
 # %% [markdown]
 # ## Going further
-# **channels_last.** Convolutions on tensor cores want the channels as the fastest-moving dimension (NHWC);
+# **channels_last.** Tensor-core convolutions want channels last in memory (NHWC);
 # PyTorch's default is NCHW, so cuDNN may transpose around every convolution. `RunConfig(channels_last=True)`
 # stores the model and inputs that way; on a GPU with AMP it often helps convolutional nets, in fp32 less, and on
 # a CPU it depends on the oneDNN kernels. Measured here:
@@ -335,10 +333,10 @@ plots.bar(layouts, x="precision", y="step_time_s", hue="channels_last",
           reference=labkit.load_reference("01_mixed_precision-layouts*"));
 
 # %% [markdown]
-# - `torch.compile(model)` fuses the casts autocast inserts with the ops around them, which removes much of the
-#   fixed overhead a small model pays.
+# - `torch.compile(model)` fuses autocast's casts with the ops around them, removing much of a small model's
+#   fixed overhead.
 # - fp8 training (L4, H100 and newer) uses per-tensor scales instead of one loss scale: NVIDIA's Transformer
-#   Engine, torchao's `float8` training.
+#   Engine, torchao's `float8`.
 # - `torch.set_float32_matmul_precision("high")` also allows TF32, for matmuls only.
 
 # %% [markdown]
@@ -355,7 +353,7 @@ plots.bar(layouts, x="precision", y="step_time_s", hue="channels_last",
 # - Micikevicius et al. 2018, *Mixed Precision Training* (loss scaling, fp32 master weights):
 #   https://arxiv.org/abs/1710.03740
 # - Kalamkar et al. 2019, *A Study of BFLOAT16 for Deep Learning Training*: https://arxiv.org/abs/1905.12322
-# - PyTorch, *Automatic Mixed Precision* (autocast op lists, GradScaler): https://pytorch.org/docs/stable/amp.html
+# - PyTorch, *Automatic Mixed Precision* (autocast op lists): https://pytorch.org/docs/stable/amp.html
 # - PyTorch recipe, *Automatic Mixed Precision*: https://pytorch.org/tutorials/recipes/recipes/amp_recipe.html
 # - PyTorch, *TensorFloat-32 on Ampere and later devices*:
 #   https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices
@@ -363,8 +361,8 @@ plots.bar(layouts, x="precision", y="step_time_s", hue="channels_last",
 
 # %% [markdown]
 # ## Exercises
-# The first asks for code: the mixed-precision step, from memory if you can. The checker runs it in fp16
-# and in bf16 against labkit's `Trainer.step` and names what differs.
+# The first asks for code: the mixed-precision step, from memory. The checker runs it in fp16
+# and bf16 against `Trainer.step` and names what differs.
 
 # %%
 print(exercises.question("01.amp_step"))

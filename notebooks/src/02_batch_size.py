@@ -2,9 +2,8 @@
 # # Batch size: time, memory, accuracy, and the largest batch that fits
 #
 # The batch size is the first knob anyone turns, and folklore about it is everywhere. This notebook
-# measures four popular claims on your hardware, then shows how to get the gradient of a large batch
-# without its memory (gradient accumulation), how to find the largest batch that fits, and how to predict
-# memory before you run out of it.
+# tests four popular claims on your hardware, then shows how to get a large batch's gradient without its
+# memory (gradient accumulation), find the largest batch that fits, and predict memory before you run out.
 #
 # **You will learn**
 # 1. how epoch time, throughput, inference time, peak memory and accuracy change with the batch size;
@@ -46,9 +45,8 @@ labkit.env_report()
 # %% [markdown]
 # ## 2. The sweep
 # One fine-tune per batch size, each for the same number of epochs, from the same pretrained weights.
-# Epoch time is the median step time times the steps per epoch (warm-up excluded; data loading, small
-# here because the data sits in memory, is not included); inference time is the time to predict the
-# test split in batches of that size.
+# Epoch time is the median step time times the steps per epoch (warm-up and data loading excluded);
+# inference time is the time to predict the test split in batches of that size.
 #
 # **Predict first.** As the batch grows, the epoch time falls and then stops falling. At which of the
 # profile's batch sizes (printed in the setup cell) does it come within 10 % of the fastest epoch here?
@@ -69,14 +67,12 @@ plots.lines(df, x="batch_size", ys=["epoch_time_s", "throughput", "inference_tim
                                     "accuracy", "step_time_s"], reference=ref, logx=True);
 
 # %% [markdown]
-# **Four popular claims**, as forum answers, tutorials and blog posts repeat them:
-# 1. *"Memory grows linearly with the batch size"*: the rule of thumb behind forum answers to "what batch
-#    will fit?".
-# 2. *"A bigger batch trains an epoch faster"*: why tutorials say "use the largest batch that fits".
-# 3. *"Inference time does not depend on the batch size"*: a forum shortcut, as if the batch size were a
-#    training setting only.
-# 4. *"Small batches generalise better"*: blog posts and forum answers, usually citing Keskar et al.
-#    (2017), who found that large batches settle in sharp minima.
+# **Four popular claims**, from forum answers, tutorials and blog posts:
+# 1. *"Memory grows linearly with the batch size"*: the rule of thumb behind "what batch will fit?".
+# 2. *"A bigger batch trains an epoch faster"*: hence "use the largest batch that fits".
+# 3. *"Inference time does not depend on the batch size"*: as if the batch size were a training setting only.
+# 4. *"Small batches generalise better"*: usually citing Keskar et al. (2017), who found that large batches
+#    settle in sharp minima.
 #
 # The next cell tests them on the sweep. A timing claim holds or fails only where the runs' p10-p90
 # spreads do not overlap; an accuracy difference counts only beyond the test-set noise.
@@ -194,10 +190,9 @@ assert gap["none"] < 1e-4 and gap["eval"] < 1e-4, "without batch statistics only
 assert gap["train"] > 1e-2, "BatchNorm in training mode normalises each micro-batch on its own"
 
 # %% [markdown]
-# Accumulation trades time for memory: the same batch in smaller pieces has a smaller activation peak,
-# and each piece uses the device less fully. The runs below train for the sweep's epochs, so the
-# `grad_accum=1` run is the sweep's, from the cache. The verdict says whether the step time changed
-# beyond the runs' p10-p90 spreads: usually it grows, most on a GPU, where small micro-batches leave it idle.
+# Accumulation trades time for memory: smaller pieces have a smaller activation peak but use the device
+# less fully. The runs train for the sweep's epochs, so `grad_accum=1` comes from the cache. The step time
+# counts as changed only beyond the runs' p10-p90 spreads: usually it grows, most on a GPU.
 
 # %%
 epoch_cfg = cfg.replace(max_steps=None, epochs=P.sweep_epochs)  # as in the sweep: grad_accum=1 is cached
@@ -207,11 +202,10 @@ plots.bars(accum, x="grad_accum", ys=["peak_memory_bytes", "step_time_s"],
            reference=labkit.load_reference("02_batch_size-accumulation*"));
 
 # %% [markdown]
-# **Under DDP** (notebook 07), each `backward()` all-reduces the gradients across GPUs. During
-# accumulation that is wasted on every micro-batch but the last. DDP's `model.no_sync()` context skips
-# it; labkit's step wraps every micro-batch except the last in it
-# (`labkit.techniques.accumulation.sync_context`), around the forward *and* the backward, because DDP
-# decides during the forward pass whether to sync.
+# **Under DDP** (notebook 07), each `backward()` all-reduces the gradients across GPUs, wasted during
+# accumulation on every micro-batch but the last. `model.no_sync()` skips it; labkit wraps every
+# micro-batch but the last in it (`labkit.techniques.accumulation.sync_context`), around the forward *and*
+# the backward, because DDP decides during the forward whether to sync.
 
 # %% [markdown]
 # ## 5. The largest batch that fits
@@ -221,8 +215,7 @@ plots.bars(accum, x="grad_accum", ys=["peak_memory_bytes", "step_time_s"],
 # on a CPU, when the measured peak stays within it.
 #
 # **The mechanism.** The back-off loop in plain PyTorch: try a step, catch the out-of-memory error, free
-# the cache (only after the `except` block, whose traceback still holds the failed step's tensors), try
-# a smaller batch.
+# the cache (after the `except` block: see the comment), try a smaller batch.
 
 # %%
 def largest_batch(step, start=1):
@@ -290,11 +283,10 @@ plots.line(table, x="batch_size", y="peak_memory_bytes", hue="kind", logx=True);
 assert table.prediction_error.dropna().abs().max() < 0.25  # a line through two small batches: close, not exact
 
 # %% [markdown]
-# The prediction is usually a little low for large batches: the line through two small batches misses
-# small per-sample costs that show up only at scale (temporary buffers of the backward pass).
-# `labkit.estimate_memory` fits its line over a ladder of sizes instead. Its estimate is split by
-# category *at the moment of the peak*, during the backward pass, when most gradients do not exist yet
-# and the activations dominate:
+# The prediction is usually a little low for large batches: two small batches miss per-sample costs that
+# show up only at scale (temporary buffers of the backward pass). `labkit.estimate_memory` fits a ladder
+# of sizes instead, and splits its estimate by category *at the peak*, during the backward pass, when most
+# gradients do not exist yet and the activations dominate:
 
 # %%
 display.table(lab.estimate_frame(labkit.estimate_memory(cfg, batch_size=1024)))
@@ -328,8 +320,8 @@ panel
 #   *gradient noise scale* predicts the batch beyond which more samples per step stop paying.
 # - For very large batches, layer-wise learning-rate rules (LARS for SGD, LAMB for Adam) keep training
 #   stable where the linear rule breaks.
-# - Hugging Face Accelerate's `find_executable_batch_size` is a simpler back-off, a decorator around your
-#   training function: it halves the batch after each out-of-memory error, without doubling or bisecting.
+# - Hugging Face Accelerate's `find_executable_batch_size` is a simpler back-off: a decorator that halves
+#   the batch after each out-of-memory error.
 
 # %% [markdown]
 # ## Summary

@@ -4,15 +4,15 @@
 # When a fine-tune does not fit, two techniques attack the two big parts of training memory that mixed
 # precision leaves alone. **Gradient checkpointing** stores fewer activations and recomputes the rest
 # during the backward pass: memory for time. **8-bit optimizers** store AdamW's two moments in one byte
-# each instead of four. This notebook measures both, counts bytes per parameter with a calculator you
-# can apply to a 7B or 175B model, and stacks the savers one by one.
+# each instead of four. This notebook measures both, counts bytes per parameter for models up to 175B,
+# and stacks the savers one by one.
 #
 # **You will learn**
 # 1. the bytes-per-parameter accounting of training (weights, gradients, optimizer state, master weights),
 #    checked against a measured step and applied to large models;
-# 2. `checkpoint(block, x, use_reentrant=False)` in a forward, how checkpointing trades step time for
-#    activation memory, why the *peak* can fall less than the activations (the sqrt(n) rule), and
-#    selective checkpointing, which recomputes only the cheap operations;
+# 2. `checkpoint(block, x, use_reentrant=False)`, how checkpointing trades step time for activation
+#    memory (the sqrt(n) rule), why the *peak* can fall less than the activations, and selective
+#    checkpointing, which recomputes only the cheap operations;
 # 3. the one-line swap to bitsandbytes' `AdamW8bit`, what it saves per parameter, why small tensors keep
 #    32-bit state (`min_8bit_size`), and what paged optimizers are for;
 # 4. the recommended order of memory savers, made measurable: baseline, +AMP, +checkpointing, +8-bit, all.
@@ -38,7 +38,7 @@ labkit.env_report()
 # Training keeps, per parameter: the **weights**, a **gradient**, and the **optimizer state** (AdamW:
 # two moments, 8 bytes in fp32; SGD with momentum: 4; 8-bit AdamW: about 2). Half-precision weights add
 # an fp32 **master copy** (4 bytes): ZeRO's count for mixed-precision Adam is 2 + 2 + 12 = 16 bytes per
-# parameter. (PyTorch's autocast keeps fp32 weights, so its count is the fp32 one: 4 + 4 + 8.) Then come
+# parameter. (PyTorch's autocast keeps fp32 weights: 4 + 4 + 8.) Then come
 # the **activations**, which depend on the batch, not on the parameter count $N$.
 #
 # $$\text{fixed bytes} = N \times (b_{\text{weights}} + b_{\text{grads}} + b_{\text{optimizer}} + b_{\text{master}})$$
@@ -64,7 +64,7 @@ display.table(lab.scale_table({"7B": 7e9}), ["setup", "weights_bytes", "gradient
                                              "master_weights_bytes", "bytes_per_param", "total_bytes"])
 
 # %% [markdown]
-# A figure that circulates in blog posts and slides about 8-bit optimizers: *"8-bit Adam cuts a 175B
+# A figure from blog posts and slides on 8-bit optimizers: *"8-bit Adam cuts a 175B
 # model's optimizer memory from 1.2 TB to 0.3 TB."* AdamW's two fp32 moments are 8 bytes per parameter;
 # 8-bit AdamW's are 2 bytes plus one fp32 scale per 256 values of each moment, 2.03 bytes. The next cell
 # computes both in TB ($10^{12}$ bytes) and TiB ($2^{40}$), and with the fp32 master weights that ZeRO
@@ -75,22 +75,21 @@ print(lab.optimizer_claim(175e9, (1.2, 0.3)))
 
 # %% [markdown]
 # ## 2. Gradient checkpointing
-# The forward pass saves activations for the backward pass. Checkpointing splits the model's blocks into
-# **segments**, keeps only each segment's input, and reruns the segment's forward during the backward
-# pass. labkit wraps the blocks with `torch.utils.checkpoint` (`use_reentrant=False`):
-# `RunConfig(checkpointing=True)` makes every block its own segment, `checkpointing=k` groups them into
-# $k$ segments. For $n$ equal blocks that each store one tensor the size of their input, stored memory
-# is about $\underbrace{k}_{\text{segment inputs}} + \underbrace{n/k}_{\text{one segment recomputed}}$
+# Checkpointing splits the model's blocks into **segments**, keeps only each segment's input for the
+# backward pass, and reruns the segment's forward there. labkit wraps the blocks with
+# `torch.utils.checkpoint` (`use_reentrant=False`): `RunConfig(checkpointing=True)` makes every block its
+# own segment, `checkpointing=k` groups them into $k$ segments. For $n$ equal blocks that each store one
+# tensor the size of their input, stored memory is about
+# $\underbrace{k}_{\text{segment inputs}} + \underbrace{n/k}_{\text{one segment recomputed}}$
 # such tensors, smallest at $k = \sqrt{n}$ (Chen et al., 2016); the price is one extra forward pass,
-# about a third more FLOPs. Real blocks store several tensors each and differ in size, so the measured
-# optimum can differ; labkit's cost model (below) uses the bytes each block really stores.
+# about a third more FLOPs. Real blocks store several tensors each and differ in size, so the optimum can
+# differ; labkit's cost model (below) uses the bytes each block really stores.
 
 # %% [markdown]
 # **The mechanism.** Checkpointing in your own forward is one line per block. Below, the notebook's model
-# runs its blocks under `checkpoint`, and the check compares it with labkit's
-# `RunConfig(checkpointing=True)` (`apply_checkpointing`) and with the plain model: same loss, same
-# gradients. One thing differs, and the cell prints it: how many batches each model's BatchNorm layers
-# have counted.
+# runs its blocks under `checkpoint`; the check compares it with labkit's `RunConfig(checkpointing=True)`
+# and with the plain model: same loss, same gradients. One thing differs, printed: how many batches each
+# model's BatchNorm layers have counted.
 
 # %%
 import copy
@@ -132,11 +131,10 @@ if labkit.models.has_batchnorm(plain):
     assert counted["labkit"] == counted["plain"] == 1 and counted["yours"] == 2
 
 # %% [markdown]
-# The plain version's BatchNorm layers counted the batch twice: the recomputation ran their forward a
-# second time, in training mode, and updated the running statistics again, so a checkpointed model with
-# BatchNorm drifts from the unchecked one over a fine-tune. labkit's checkpointing gives the
-# recomputation scratch copies of the statistics. In a transformer, with LayerNorm, the one-liner is
-# all there is.
+# Your version's BatchNorm layers counted the batch twice: the recomputation ran their forward again in
+# training mode and updated the running statistics again, so the model drifts from the unchecked one over
+# a fine-tune. labkit gives the recomputation scratch copies of the statistics. With LayerNorm
+# (transformers) the one-liner is all there is.
 #
 # **Predict first.** The trade-off below checkpoints ever more segments. With every block checkpointed,
 # what will the step's **peak** memory be as a fraction of the unchecked step's (0..1)? And the
@@ -171,14 +169,12 @@ assert (ok.flops_ratio.iloc[1:] > 1.1).all(), "the recomputed forward costs FLOP
 assert ok.accuracy.max() - ok.accuracy.min() <= labkit.measure.accuracy_noise(ok.accuracy.mean(), P.test_size)
 
 # %% [markdown]
-# The left chart is the memory side (dashed: the cost model's prediction), the right chart the trade:
-# each point is a segment count, further left is faster, lower is smaller. Blog posts on checkpointing
-# often promise *"over 40 % memory saved"*. That is often true of the activations and rarely of the peak
-# of a small model: the peak moves into the backward pass, where a recomputed block's activations and
-# their gradients are alive together, and no grouping of whole blocks into segments splits a block (the
-# printed peak then falls much less than the activations). Models with many equal blocks (transformers)
-# come much closer to the textbook curve, and there the sqrt(n) rule's choice gives the lowest peak. The
-# step time counts as changed only outside the runs' p10-p90 spreads.
+# Left: the memory side (dashed: the cost model's prediction); right: the trade, one point per segment
+# count, further left faster, lower smaller. Blog posts on checkpointing often promise *"over 40 % memory
+# saved"*. That is often true of the activations, rarely of a small model's peak: the peak moves into the
+# backward pass, where a recomputed block's activations and their gradients are alive together, and no
+# grouping of whole blocks into segments splits a block. Models with many equal blocks (transformers)
+# come much closer to the textbook curve, and there the sqrt(n) rule's choice gives the lowest peak.
 
 # %% [markdown]
 # **The next step: selective checkpointing.** Recomputing a whole segment repeats its costly matrix
@@ -220,12 +216,11 @@ assert stored["full checkpointing"] < stored["selective (save matmuls)"] < store
 assert v.flops["selective (save matmuls)"] == v.flops["no checkpointing"] < v.flops["full checkpointing"]
 
 # %% [markdown]
-# Selective checkpointing sits between the two ends: it stores less than the plain forward and
-# recomputes no matrix multiply (the same FLOPs); full checkpointing stores least and recomputes part of
-# each block's forward (torch stops a recomputation once the tensors the backward needs exist again, so a
-# block's last matrix multiply is not rerun). The FLOPs are counted exactly. Times depend on the machine:
-# the policy runs in Python for every operation, an overhead that can make selective checkpointing slower
-# than full on a CPU or with small blocks; a time counts as changed only outside the p10-p90 spreads.
+# Selective checkpointing stores less than the plain forward and recomputes no matrix multiply (the same
+# FLOPs); full checkpointing stores least and recomputes part of each block's forward (torch stops once
+# the tensors the backward needs exist again, so a block's last matrix multiply is not rerun). FLOPs are
+# counted exactly; times depend on the machine: the policy runs in Python for every operation, which can
+# make selective checkpointing slower than full on a CPU or with small blocks.
 
 # %% [markdown]
 # ## 3. 8-bit optimizers
@@ -274,8 +269,8 @@ display.table(lab.state_summary(state))
 
 # %% [markdown]
 # So a model saves less the more of its parameters sit in small tensors (BatchNorm, biases, depthwise
-# convolutions), whatever its total size. Computed from the tensor sizes of each model labkit knows (no
-# training; compare the share below `min_8bit_size` with the state ratio):
+# convolutions), whatever its total size. For each model labkit knows, from its tensor sizes alone
+# (compare the share below `min_8bit_size` with the state ratio):
 
 # %%
 display.table(lab.eight_bit_savings(), ["model", "num_params", "below_min_8bit_share", "adamw_state_bytes",
@@ -303,7 +298,7 @@ assert abs(by.accuracy["adamw8bit"] - by.accuracy["adamw"]) < 0.1
 # %% [markdown]
 # **Paged optimizers** (`optimizer="paged_adamw8bit"`) put the state in CUDA unified memory, which the
 # driver pages out to CPU RAM when the GPU runs short, instead of failing. They need a CUDA GPU; on a CPU
-# labkit refuses them with a clear error rather than quietly running plain `adamw8bit`.
+# labkit refuses them rather than quietly running plain `adamw8bit`.
 
 # %% [markdown]
 # ## 4. The staged view
@@ -329,8 +324,7 @@ assert st.mem_optimizer_state_bytes["+8-bit optimizer"] < st.mem_optimizer_state
 # Which saver matters depends on where the memory is (the printed line ranks them for this run): where
 # activations dominate, as in a small CNN at a useful batch size, AMP and checkpointing shrink the
 # activation segment, though the *peak* may follow less (section 2); where the fixed part dominates, as
-# in a large language model (section 1), the 8-bit optimizer saves most. The step time of all three
-# together counts as changed only outside the runs' p10-p90 spreads.
+# in a large language model (section 1), the 8-bit optimizer saves most.
 
 # %% [markdown]
 # ## 5. Your turn: the panel

@@ -1,10 +1,10 @@
 # %% [markdown]
 # # Pruning: why zeros alone change nothing, and how to make pruning real
 #
-# A claim that goes round blog posts and forum threads on pruning: "I pruned 80 % of the weights by
-# magnitude, and the model got no smaller and no faster; accuracy even went up." This notebook reproduces it
-# live, explains it, and then makes pruning pay: sparse storage, 2:4 sparsity, a sensitivity scan, and
-# structured pruning, which rebuilds a smaller dense model that is really faster.
+# A claim common in forum threads on pruning: "I pruned 80 % of the weights by magnitude, and the model got
+# no smaller and no faster; accuracy even went up." This notebook reproduces it, explains it, and then makes
+# pruning pay: sparse storage, 2:4 sparsity, a sensitivity scan, and structured pruning, which builds a
+# smaller dense model that is really faster.
 #
 # **You will learn**
 # 1. magnitude pruning in plain PyTorch, checked equal to `torch.nn.utils.prune`; layer-wise vs global;
@@ -12,12 +12,12 @@
 #    *larger*); when COO/CSR storage pays; what 2:4 sparsity needs;
 # 3. a sensitivity scan on the validation split, and per-layer ratios chosen from it;
 # 4. structured pruning by hand and for every layer, before and after a recovery fine-tune;
-# 5. how to tell whether "accuracy rose after pruning" is real: repeats over random seeds.
+# 5. how to tell whether "accuracy rose after pruning" is real: repeats over seeds.
 #
-# **What you need:** notebook 00 (how labkit measures time and memory). A CPU is fine for everything except
-# the 2:4 speed measurement in section 2, which needs an Ampere or newer GPU (A100, L4, H100; not a T4 or
-# P100) and on a CPU only says why it did not run. Latencies are this machine's; each finding calls a
-# difference real only outside the spread it measured.
+# **What you need:** notebook 00 (how labkit measures time and memory). A CPU is fine except for the 2:4
+# speed measurement in section 2, which needs an Ampere or newer GPU (A100, L4, H100; not a T4) and
+# elsewhere says why it did not run. Latencies are this machine's; each finding calls a difference real
+# only outside the spread it measured.
 
 # %%
 import labkit
@@ -83,16 +83,16 @@ for layer_name, module in pruning.prunable_layers(engine):
 assert abs(pruning.sparsity(engine).overall - 0.5) < 0.01
 
 # %% [markdown]
-# `scope="layer"` takes the same share from every layer; `scope="global"` takes one threshold for all of
-# them, so layers whose weights are small lose more. Zeros per layer at 80 % overall:
+# `scope="layer"` takes the same share from every layer; `scope="global"` takes one threshold for all, so
+# layers with small weights lose more. Zeros per layer at 80 % overall:
 
 # %%
 display.table(lab.per_layer_sparsity(model, 0.8),
               ["layer", "weights_params", "zeros_layer_scope_fraction", "zeros_global_scope_fraction"])
 
 # %% [markdown]
-# **Predict first.** Pruned globally to 80 % zeros, what will the saved file's size be, as a fraction of
-# the unpruned model's (0..1)? And the latency at batch 64, as a multiple of the unpruned model's?
+# **Predict first.** Pruned globally to 80 % zeros, what fraction (0..1) of the unpruned model's file size
+# will the saved file be? And the latency at batch 64, as a multiple of the unpruned model's?
 
 # %%
 guess_size_fraction = None  # YOUR GUESS: file size at 80 % zeros / unpruned, e.g. 0.3
@@ -122,21 +122,20 @@ assert (puzzle.nonzero_params.diff().dropna() < 0).all()
 
 # %% [markdown]
 # **Why nothing moved.** A pruned weight is a `0.0` in the same dense tensor: the file stores it in 4
-# bytes, the forward allocates the same activations, and a dense convolution does the same arithmetic
-# whatever the values. With the masks attached the file holds `weight_orig` *and* `weight_mask`, about
-# twice the size. The models were timed in turns, and the line compares their latencies with the dense
-# model's timing noise: the spread of its single calls (10th to 90th percentile) and a copy of it timed in
-# the same turns. Dense kernels skip no zeros, so a ratio outside it is the machine, not fewer operations:
-# other work changing its pace (run the cell again), or the lower power that multiplying zeros draws, which
-# lets a power-limited chip clock a little higher, a few percent rather than the 5x fewer nonzeros. Only
-# accuracy really moves; whether a *rise* is real is section 5's question.
+# bytes, the forward allocates the same activations, and a dense convolution does the same arithmetic.
+# With the masks attached the file holds `weight_orig` *and* `weight_mask`, about twice the size. The
+# models were timed in turns, and the line compares their latencies with the dense model's noise: the
+# 10th-90th percentile spread of its single calls, and a copy of it timed in the same turns. Dense kernels
+# skip no zeros, so a ratio outside it is the machine: other work changing its pace (run the cell again),
+# or multiplying zeros drawing less power, letting a power-limited chip clock a few percent higher, far from
+# the 5x fewer nonzeros. Only accuracy really moves; whether a *rise* is real is section 5's question.
 
 # %% [markdown]
 # ## 2. Sparse storage and 2:4
 # `weight.to_sparse()` stores only the nonzeros, in COO format: each keeps its value and one int64 index per
 # dimension, 4 + 4 x 8 = 36 bytes for a float32 conv weight against 4 bytes dense. CSR (a matrix: one column
 # index per nonzero and a pointer per row) needs 12 bytes per nonzero. Measured on the largest weight, with
-# its matrix multiply (a conv's im2col product) dense and as CSR, timed in turns:
+# its im2col matrix multiply dense and as CSR, timed in turns:
 
 # %%
 storage = lab.sparse_storage(cfg)
@@ -155,13 +154,12 @@ assert ((s.coo_bytes - (4 + 8 * 4) * numel * (1 - s.index)).abs() <= 0.001 * 36 
 assert s.coo_bytes.iloc[-1] < s.dense_bytes.iloc[-1] < s.coo_bytes[s.index < 0.85].min()
 
 # %% [markdown]
-# Sparse *speed* is another matter: a CSR multiply reads memory irregularly, so on a CPU it needs a high
-# sparsity to beat the dense kernel beyond its call-to-call spread, if it does at all. Hardware made for
-# sparsity wants a fixed pattern instead: **2:4
-# semi-structured sparsity** keeps 2 of every 4 consecutive weights, which Ampere and newer GPUs run on
-# sparse tensor cores (`torch.sparse.to_sparse_semi_structured`, fp16/bf16); NVIDIA rates those at twice
-# the dense math throughput (Mishra et al. 2021, https://arxiv.org/abs/2104.08378), a ceiling whole layers
-# reach only in part. The pattern's accuracy cost is measured on any machine, its speed only on such a GPU:
+# Sparse *speed* is another matter: a CSR multiply reads memory irregularly, so on a CPU it beats the dense
+# kernel beyond its call-to-call spread only at high sparsity, if at all. Sparse hardware wants a fixed
+# pattern: **2:4 semi-structured sparsity** keeps 2 of every 4 consecutive weights, which Ampere and newer
+# GPUs run on sparse tensor cores (`torch.sparse.to_sparse_semi_structured`, fp16/bf16) at up to twice the
+# dense math throughput (Mishra et al. 2021, https://arxiv.org/abs/2104.08378), a ceiling whole layers
+# reach only in part. Its accuracy cost is measured on any machine, its speed only on such a GPU:
 
 # %%
 semi = lab.semi_structured(cfg)
@@ -175,17 +173,16 @@ assert (semi.speedup is None) != (semi.reason is None)
 # %% [markdown]
 # ## 3. Sensitivity scan
 # Layers differ in how much pruning they tolerate. The scan prunes one layer at a time, at 30 to 90 %, and
-# measures accuracy on the **validation** split: choices made on the test split would make its accuracy an
-# overstatement. The test split is kept for the final comparison.
+# measures accuracy on the **validation** split: choices made on the test split would overstate its
+# accuracy, so it is kept for the final comparison.
 
 # %%
 scan = lab.sensitivity_scan(cfg)
 plots.line(scan, x="sparsity", y="val_accuracy", hue="layer");
 
 # %% [markdown]
-# Each layer then gets the highest sparsity that cost it at most 2 points of validation accuracy, and the
-# result is compared, on the test split, with one uniform ratio and with global pruning that remove the
-# same share of all weights:
+# Each layer then gets the highest sparsity costing it at most 2 points of validation accuracy, compared on
+# the test split with one uniform ratio and with global pruning, at the same overall share:
 
 # %%
 ratios = lab.choose_ratios(scan, max_drop=0.02)
@@ -204,14 +201,13 @@ assert c.sparsity.drop("unpruned").max() - c.sparsity.drop("unpruned").min() < 0
 # %% [markdown]
 # The line says which of three outcomes happened: the scan's ratios won, the uniform ratio won, or the
 # difference is within the test split's noise, common at moderate sparsity. A one-layer-at-a-time scan
-# cannot see how layers interact when pruned together, so its choice is a good start, not the optimum;
-# global pruning adapts to the weights' scale on its own and is often as good. Either way the zeros are
-# still stored densely.
+# misses how layers interact when pruned together: a good start, not the optimum. Global pruning adapts to
+# the weights' scale by itself and is often as good. Either way the zeros are still stored densely.
 #
 # ## 4. Structured pruning: a smaller dense model
 # Removing an output channel of a conv removes a filter, its BatchNorm entry and the matching input channel
 # of the next conv: a smaller dense model, faster on any hardware. **The mechanism** on one pair of layers,
-# keeping the half of the stem's channels whose filters have the largest L1 norm:
+# keeping the half of the stem's channels with the largest filter L1 norms:
 
 # %%
 from torch import nn
@@ -251,7 +247,7 @@ for a, b in zip(mine.parameters(), engine.parameters(), strict=True):
 # %% [markdown]
 # labkit's `prune_channels(model, amount, example_inputs)` does this for every conv whose channels flow into
 # exactly one other layer through channel-wise layers only (BatchNorm, ReLU, pooling), found on a `torch.fx`
-# trace; a conv that feeds a residual addition keeps its channels (see Going further).
+# trace; a conv feeding a residual addition keeps its channels (see Going further).
 #
 # **Predict first.** With half the channels of every prunable conv removed, what fraction (0..1) of the
 # parameters will be left? And of the CPU latency at batch 64?
@@ -282,21 +278,20 @@ assert s.test_accuracy["pruned + recovery"] >= s.test_accuracy["pruned"] - noise
 
 # %% [markdown]
 # Parameters fall faster than channels: a conv between two pruned layers loses half its inputs *and* half
-# its outputs, so a quarter of its weights remain. Latency falls less than FLOPs, because a small model
-# also pays fixed costs per layer (launching kernels, moving activations); on a GPU a small model may not
-# get faster at all. On a CPU run the two latency columns are one measurement; on a GPU the second times
-# CPU copies of the models.
+# its outputs, so a quarter of its weights remain. Latency falls less than FLOPs: a small model also pays
+# fixed costs per layer (kernel launches, moving activations), and on a GPU may not get faster at all. On a
+# CPU the two latency columns are one measurement; on a GPU the second times CPU copies.
 #
-# Right after pruning, accuracy drops: the removed channels carried information, and every BatchNorm after
-# a pruned conv still normalises with the unpruned network's statistics. The second is cheap to fix:
-# `pruning.recalibrate_batchnorm(model, batches)` re-estimates them with a few forward passes (the third
-# row). The recovery fine-tune fixes both; the line says whether it came back within the test split's
-# noise, or how far below it stayed (more steps or a smaller amount close that gap).
+# Right after pruning, accuracy drops: the removed channels carried information, and each BatchNorm after a
+# pruned conv still uses the unpruned network's statistics. `pruning.recalibrate_batchnorm(model, batches)`
+# cheaply re-estimates those with a few forward passes (the third row); the recovery fine-tune fixes both.
+# The line says whether accuracy came back within the test split's noise, or how far below it stayed (more
+# steps or a smaller amount close the gap).
 #
 # ## 5. Did accuracy really rise?
-# The claim's rise was seen once. Light pruning zeroes weights that barely mattered, so it changes a
-# handful of predictions either way, within the noise of a single run. Repeating the fine-tune with other
-# random seeds, and pruning each, tells chance from effect:
+# The claim's rise was seen once. Light pruning zeroes weights that barely mattered, changing a handful of
+# predictions either way, within one run's noise. Repeating the fine-tune with other seeds, and pruning
+# each, tells chance from effect:
 
 # %%
 repeats = lab.repeats(cfg)  # one fine-tune per random seed, each pruned at 20, 40, 60, 80 %
@@ -310,13 +305,13 @@ assert ((repeats.gained - repeats.lost) / P.test_size - repeats.delta).abs().max
 
 # %% [markdown]
 # `gained` and `lost` count the test images the pruned models get right that their unpruned ones got
-# wrong, and the reverse: a rise of a few tenths of a point is a few images, with about as many lost. The
+# wrong, and the reverse: a rise of a few tenths of a point is a few images, about as many lost. The
 # line calls the best mean rise possibly real only when it exceeds twice its standard error between seeds
 # and half the test split's noise; otherwise it is chance.
 #
 # ## 6. Your turn: the panel
 # Choose the method (unstructured: zeros; structured: channels removed), the amount, the recovery steps and
-# the random seed of the fine-tuned model, and press **Run**: each run adds a point to both charts.
+# the fine-tuned model's seed, and press **Run**: each run adds a point to both charts.
 
 # %%
 panel = ExperimentPanel(
@@ -331,20 +326,20 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | memory and file size not reduced | zeros are still stored densely | remove channels; sparse storage if very sparse |
-# | the checkpoint got larger | the masks are still attached | `prune.remove` before saving |
+# | memory and file size unchanged | zeros stored densely | remove channels; sparse storage if very sparse |
+# | the checkpoint got larger | masks still attached | `prune.remove` before saving |
 # | no speed-up at 80 % sparsity | dense kernels multiply zeros too | remove channels, or 2:4 on an Ampere+ GPU |
-# | accuracy collapses at a modest sparsity | a sensitive layer was pruned hard | a sensitivity scan; per-layer ratios |
+# | accuracy collapses at modest sparsity | a sensitive layer pruned hard | a sensitivity scan; per-layer ratios |
 # | accuracy near chance after removing channels | stale BatchNorm statistics | `recalibrate_batchnorm`, then recover |
-# | "accuracy rose after pruning" | the noise of one run | repeat over seeds, compare with the spread |
-# | ratios chosen on the test split | the test accuracy becomes optimistic | choose on validation, report on test |
+# | "accuracy rose after pruning" | one run's noise | repeat over seeds, compare with the spread |
+# | ratios chosen on the test split | optimistic test accuracy | choose on validation, report on test |
 # | a pruned ResNet fails with a shape error | a conv feeding an addition lost channels | a dependency-graph tool |
 
 # %% [markdown]
 # ## Going further
 # **Residual additions.** A conv that feeds an addition (ResNet) or a concatenation (ShuffleNet) can only
 # lose channels together with every layer on the other side; dependency-graph tools such as torch-pruning
-# (`DepGraph`, Fang et al. 2023) group those layers, for ResNets and transformers too. How many convs each
+# (`DepGraph`, Fang et al. 2023) group those layers, transformers included. How many convs each
 # model lets `prune_channels` prune:
 
 # %%
@@ -355,7 +350,7 @@ for name in ("small_cnn", "resnet18", "shufflenet_v2_x0_5"):
     print(f"{name}: {len(chains)} of its {len(convs)} convs can lose channels ({chains[0].name}, ...)")
 
 # %% [markdown]
-# - **Iterative pruning**: prune a little, fine-tune, repeat; it reaches higher sparsity at the same accuracy
+# - **Iterative pruning**: prune a little, fine-tune, repeat: higher sparsity at the same accuracy
 #   (Han et al. 2015). **Movement pruning** ranks weights by how they move during fine-tuning (Sanh et al. 2020).
 # - **The lottery ticket hypothesis**: a sparse subnetwork, rewound to its early weights, trains to full
 #   accuracy on its own (Frankle and Carbin 2019).
@@ -387,8 +382,8 @@ for name in ("small_cnn", "resnet18", "shufflenet_v2_x0_5"):
 
 # %% [markdown]
 # ## Exercises
-# The first asks for code: global magnitude pruning by hand, one threshold for the whole model. The checker
-# compares your masks with `torch.nn.utils.prune.global_unstructured`'s.
+# The first asks for code: global magnitude pruning by hand, one threshold for the whole model, checked
+# against `torch.nn.utils.prune.global_unstructured`'s masks.
 
 # %%
 print(exercises.question("04.global"))
@@ -404,7 +399,7 @@ exercises.check("04.global", my_global_masks)
 
 # %% [markdown]
 # The next one uses **your own** structured pruning: the conv whose channels shrank most. The line under the
-# check gives the FLOP counter's measurement for it. Why did the model's total FLOPs fall by less than this
+# check gives the FLOP counter's measurement. Why did the model's total FLOPs fall by less than this
 # layer's?
 
 # %%

@@ -4,9 +4,8 @@
 # A pretrained network already computes useful features in its early stages. **Freezing** those stages (no
 # gradient, no optimizer state, BatchNorm statistics left as they are) trains only the rest: each step gets
 # cheaper and the optimizer smaller, at some cost in how far the model can adapt. This notebook measures
-# that trade at five levels, from nothing frozen to only the head, and tests a rule of thumb repeated in
-# transfer-learning tutorials and forum answers: "freeze too much and you lose more accuracy than you save
-# time."
+# that trade at five levels, from nothing frozen to only the head, and tests a rule of thumb from
+# transfer-learning tutorials: "freeze too much and you lose more accuracy than you save time."
 #
 # **You will learn**
 # 1. freezing in PyTorch: `requires_grad_(False)` **and** BatchNorm kept in eval mode; what labkit's levels
@@ -18,9 +17,9 @@
 # 4. what goes wrong when frozen BatchNorm layers stay in training mode;
 # 5. feature caching, gradual unfreezing and discriminative learning rates.
 #
-# **What you need:** notebook 00 (the four numbers, memory by category); notebook 03 helps. A CPU is fine,
-# and no section shows only noise there: FLOPs and memory are counted exactly, and step times are real but
-# this machine's; each finding calls a time difference real only outside the spread of the steps it measured.
+# **What you need:** notebook 00 (the four numbers, memory by category); notebook 03 helps. A CPU is fine:
+# FLOPs and memory are counted exactly, and step times are this machine's; each finding calls a time
+# difference real only outside the spread of the steps it measured.
 
 # %%
 import copy
@@ -42,10 +41,10 @@ labkit.env_report()
 # %% [markdown]
 # ## 1. Stages and levels
 # Every labkit model lists its **stages** in forward order, stem first and head last
-# (`labkit.models.named_stages`). A level says how many stages before the head keep training, counted from
-# the top: `light` trains the last three, `medium` two, `heavy` one, `head_only` none. So a level means the
-# same thing on every model. Early stages hold generic features and few parameters; late stages hold
-# task-specific features and most of the parameters, so the share left training drops fast at the end:
+# (`labkit.models.named_stages`). A level says how many stages before the head keep training: `light` the
+# last three, `medium` two, `heavy` one, `head_only` none, the same on every model. Early stages hold
+# generic features and few parameters; late stages hold task-specific features and most parameters, so the
+# share left training drops fast at the end:
 
 # %%
 cfg = labkit.config.baseline(P)  # the profile's pretrained fine-tune (notebook 00)
@@ -79,7 +78,7 @@ def freeze_stages(model, names):
 # Your version and labkit's `freezing.freeze(model, "heavy")` (what `RunConfig(freeze="heavy")` applies)
 # each take one AdamW step from the same weights on the same batch; the check compares what trains, the
 # gradients, the weights and every BatchNorm statistic. labkit's `train` is a small object rather than a
-# lambda, so that `copy.deepcopy` copies it with its layer instead of sharing one bound to the original.
+# lambda, so `copy.deepcopy` copies it with its layer rather than sharing one bound to the original.
 
 # %%
 labkit.env.set_tf32(False)  # TF32's rounding would blur the comparison on an Ampere GPU
@@ -152,12 +151,12 @@ assert ok.state_ratio["head_only"] <= 0.10 and grads["head_only"] < 0.05 * grads
 # noise mean nothing.
 #
 # ### 3.1 Why the step gets faster
-# Freezing leaves the forward pass alone: every layer still runs. The backward pass of a convolution or
-# linear layer computes up to two things, each costing about its forward FLOPs: the gradient of its
-# **weight** (only if the weight trains) and of its **input** (only if something before it trains). With
-# the first stages frozen, nothing before the first trainable layer requires a gradient, so autograd records
-# no graph there: no backward work and no activations **saved** for it. labkit counts this layer by layer
-# (`lab.backward_profile`), and the check above found it equal to the FLOP counter's measurement:
+# Freezing leaves the forward pass alone. The backward pass of a conv or linear layer computes up to two
+# gradients, each costing about its forward FLOPs: of its **weight** (if the weight trains) and of its
+# **input** (if something before it trains). With the first stages frozen, nothing before the first
+# trainable layer requires a gradient, so autograd records no graph there: no backward work, no activations
+# **saved**. labkit counts this layer by layer (`lab.backward_profile`); the check above found it equal to
+# the FLOP counter's measurement:
 
 # %%
 print(lab.levels_finding(sweep))
@@ -165,8 +164,8 @@ plots.bars(sweep, x="level", ys=["backward_flops", "saved_activation_bytes"]);
 
 # %% [markdown]
 # The FLOPs cannot fall below the forward pass, about a third of a step, and the time can fall less or more
-# than the FLOPs. Less, where uncounted work stays: loading the batch, the loss, and on a GPU the launch of
-# every kernel of a small model. More, where the frozen prefix also drops uncounted work: its BatchNorm and
+# than the FLOPs. Less, where uncounted work stays: loading the batch, the loss, and on a GPU a small
+# model's kernel launches. More, where the frozen prefix also drops uncounted work: its BatchNorm and
 # ReLU backward, its batch statistics, the optimizer's update of its tensors. The line judges this against
 # the steps' own spread, or says the timing was disturbed. The forward still needs working memory, so the
 # activation peak falls less than the saved activations.
@@ -211,7 +210,7 @@ assert bad.running_mean_change > 0 and bad.feature_change_fraction > 1e-3
 #
 # ## 5. Feature caching
 # With everything but the head frozen (and BatchNorm in eval mode), the body computes the same features for
-# an image in every epoch. So compute them **once** and train the head on them: an epoch then costs only the
+# an image every epoch, so compute them **once** and train the head on them: an epoch then costs only the
 # head. Head-only training runs both ways for three epochs, from the same start on the same batches.
 #
 # **Predict first:** how many times faster is an epoch on the cached features than through the network?
@@ -234,7 +233,7 @@ assert abs(acc[0] - acc[1]) <= labkit.measure.accuracy_noise(acc.mean(), P.test_
 # %% [markdown]
 # Both ways train the same head on the same features, so their accuracies match up to float rounding. The
 # cache costs memory (one feature map per training image) and one pass to build, and works only while the
-# features do not change: not with data augmentation, and not when a stage before the head trains. Linear
+# features stay fixed: not with data augmentation, nor when a stage before the head trains. Linear
 # probing (a head on frozen features) often runs on cached features, as a cheap first look at a model.
 #
 # ## 6. Gradual unfreezing and discriminative learning rates
@@ -265,7 +264,7 @@ assert sc.mem_optimizer_state_bytes["gradual unfreezing"] == sc.mem_optimizer_st
 #
 # ## 7. Your turn: the panel
 # Choose a freezing level, the steps and the learning rate, and press **Run**. Each run adds bars for its
-# step time, its memory by category and its accuracy, next to the runs before it.
+# step time, memory by category and accuracy next to earlier runs.
 
 # %%
 panel = ExperimentPanel(
@@ -279,12 +278,12 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | "frozen" layers still change | their BatchNorm layers are in training mode | keep frozen BatchNorm in eval mode |
-# | optimizer state as large as before | the optimizer made state before the freeze | freeze first, then build it |
-# | frozen stages still get gradients | frozen after the forward pass recorded its graph | freeze before the forward |
-# | no speed-up | frozen stages after trainable ones; a tiny model bound by kernel launches | freeze a prefix |
+# | "frozen" layers still change | their BatchNorm is in training mode | keep frozen BatchNorm in eval mode |
+# | optimizer state as large as before | optimizer state made before the freeze | freeze first, then build it |
+# | frozen stages still get gradients | frozen after the forward recorded its graph | freeze before the forward |
+# | no speed-up | frozen stages after trainable ones; a tiny, launch-bound model | freeze a prefix |
 # | memory barely drops | the frozen forward still needs working memory; weights stay | expected |
-# | accuracy far lower at `head_only` | the frozen features do not fit the new task | freeze less, unfreeze gradually |
+# | accuracy far lower at `head_only` | frozen features do not fit the new task | freeze less, unfreeze gradually |
 
 # %% [markdown]
 # ## Going further

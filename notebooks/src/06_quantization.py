@@ -1,10 +1,10 @@
 # %% [markdown]
 # # Quantization: fewer bits per number, and where it pays
 #
-# Quantization stores weights, and sometimes activations, in fewer bits than float32: 16-bit floats, 8-bit
-# or 4-bit integers. A model gets smaller, and faster wherever the hardware has kernels for the narrow type.
-# This notebook measures every common method on a small vision transformer (its work in Linear layers) and a
-# CNN (its work in convolutions), and tests four claims that tutorials and forum answers often repeat.
+# Quantization stores weights, and sometimes activations, in fewer bits than float32: 16-bit floats, 8-bit or
+# 4-bit integers. A model gets smaller, and faster wherever the hardware has kernels for the narrow type. This
+# notebook measures every common method on a small vision transformer (mostly Linear layers) and a CNN (mostly
+# convolutions), and tests four popular claims.
 #
 # **You will learn**
 # 1. affine quantization in plain PyTorch: scale, zero point, symmetric or not, per tensor or per channel;
@@ -13,10 +13,10 @@
 # 3. which claims hold: "4x smaller", "fp16 is fastest", "fp16 and int8 stack", "no accuracy lost";
 # 4. fine-tune then quantize (PTQ) against quantization-aware fine-tuning (QAT).
 #
-# **What you need:** notebook 00. A CPU is fine, and is where most of this runs (`torch.ao`'s int8 kernels
-# are CPU kernels). On a GPU the table adds GPU latencies and torchao's int4; on a CPU those say "not run
-# here". Sizes and accuracies are exact anywhere; on the small models of `ci`/`quick` some speed differences
-# lie within the timing noise, and the findings say so.
+# **What you need:** notebook 00. A CPU is fine; most of this runs there (`torch.ao`'s int8 kernels are CPU-only).
+# On a GPU the table adds GPU latencies and torchao's int4; on a CPU those say "not run here". Sizes and
+# accuracies are exact anywhere; on the small `ci`/`quick` models some speed differences lie within the timing
+# noise, and the findings say so.
 
 # %%
 import copy
@@ -39,7 +39,7 @@ labkit.env_report()
 # %% [markdown]
 # ## 1. The mechanism: affine quantization
 # An 8-bit integer has 256 values. To store a float tensor `w` in it, map its range `[min, max]` (widened
-# to include 0, so that 0 stays exact) onto the integers:
+# to include 0, so 0 stays exact) onto the integers:
 #
 # - **scale** `s = (max - min) / 255`: the float step between two neighbouring integers;
 # - **zero point** `z = -round(min / s)`: the integer that stands for 0.0;
@@ -47,7 +47,7 @@ labkit.env_report()
 #
 # That is **asymmetric** (unsigned). **Symmetric** fixes `z = 0` and uses `-128..127` with
 # `s = max|w| / 127.5`: no zero point in the matmul, but part of the range is wasted when `w` is lopsided.
-# Weights sit roughly symmetric around 0; activations after a ReLU are all positive and suit asymmetric.
+# Weights sit roughly symmetric around 0; post-ReLU activations are all positive, suiting asymmetric.
 # **Per tensor** uses one `(s, z)` for the whole tensor, **per channel** one per output row. In plain PyTorch:
 
 # %%
@@ -92,7 +92,7 @@ for symmetric in (False, True):
 
 # %% [markdown]
 # Per channel is the same arithmetic with one `(s, z)` per row (`quantization.affine_qparams(w, symmetric,
-# dim=0)`, as torch's observers compute them). The four schemes on this weight and on the CNN's largest weight
+# dim=0)`, as torch's observers compute them). The four schemes on this weight and the CNN's largest
 # (relative error = norm of the error / norm of the weight):
 
 # %%
@@ -113,9 +113,8 @@ for name in errors.weight.unique():
         assert e[(name, scheme, "per channel")] <= e[(name, scheme, "per tensor")] * 1.001
 
 # %% [markdown]
-# The rounding error is at most half a step, so a narrower range means a smaller error: per channel never
-# loses to per tensor. One outlier stretches the range of its whole row; that is why int8 recipes quantize
-# weights per channel.
+# The rounding error is at most half a step, so a narrower range means a smaller error: per channel never loses to
+# per tensor, and an outlier stretches only its own row. Hence int8 recipes quantize weights per channel.
 #
 # ## 2. Every method on two models
 # `quantization.quantize(model, method, calibration=None)` returns a quantized copy by one of
@@ -126,11 +125,10 @@ methods = lab.methods_table()
 display.table(methods, lab.methods_columns(methods))  # `methods` also says which touch Linear layers only
 
 # %% [markdown]
-# **Dynamic** stores the Linear weights in int8 and quantizes each batch's activations on the fly;
-# **weight-only** keeps activations in float and dequantizes the weights inside the matmul (it saves memory,
-# and time only where memory traffic is the bottleneck); **static** fixes every activation's range beforehand
-# from a few **calibration** batches of training data, so convolutions and additions run in int8 too.
-# **QAT** fine-tunes with the rounding simulated (section 4).
+# **Dynamic** stores the Linear weights in int8 and quantizes each batch's activations on the fly; **weight-only**
+# keeps activations in float and dequantizes the weights inside the matmul (saving memory, and time only where
+# memory-bound); **static** fixes every activation's range beforehand from a few training **calibration** batches,
+# so convolutions and additions run in int8 too. **QAT** fine-tunes with the rounding simulated (section 4).
 #
 # **Predict first.** For `tiny_vit`: what fraction of the fp32 file will int8 dynamic keep, and how many
 # times fp32's speed will it run on this CPU?
@@ -165,25 +163,25 @@ for method in ("fp16", "bf16", "int8_dynamic", "int8_weight_only", "int8_bnb"):
 
 # %% [markdown]
 # Latencies are at batch 64 (8 for CPU copies beside a GPU), timed in turns, with fp32 timed twice: the gap
-# between those two timings is the **timing noise**, and a speed-up inside it is reported as "the same".
-# The gain is bounded by the time spent in the layers int8 replaces: softmax, LayerNorm and GELU stay in
-# float, so a model at 50 % Linear time cannot run more than 2x faster (Amdahl's law). int8 gains most on
-# CPUs with int8 dot-product instructions (AVX512-VNNI, AMX). The `int8_qat` row had extra fine-tuning steps.
+# between the two is the **timing noise**, and a speed-up inside it counts as "the same". The gain is bounded by
+# the time in the layers int8 replaces: softmax, LayerNorm and GELU stay in float, so a model at 50 % Linear time
+# cannot run more than 2x faster (Amdahl's law). int8 gains most on CPUs with int8 dot-product instructions
+# (AVX512-VNNI, AMX). The `int8_qat` row had extra fine-tuning steps.
 #
 # **Two APIs.** `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)` is what most
-# tutorials use; it is deprecated since torch 2.10 and runs only on the CPU. torchao's `quantize_(model,
-# Int8DynamicActivationInt8WeightConfig())` is its successor: it swaps each Linear weight for a quantized
-# tensor subclass, runs on CPU and GPU, and is written to be compiled:
+# tutorials use: deprecated since torch 2.10, CPU only. torchao's `quantize_(model,
+# Int8DynamicActivationInt8WeightConfig())` is its successor: it swaps each Linear weight for a quantized tensor
+# subclass, runs on CPU and GPU, and is written to be compiled:
 
 # %%
 print(lab.api_finding(table))
 
 # %% [markdown]
-# In eager mode torchao quantizes activations with separate operations where `quantize_dynamic` calls one
-# fused kernel, so either may win here; `torch.compile` fuses torchao's. On a GPU only torchao runs.
+# In eager mode torchao quantizes activations in separate operations, `quantize_dynamic` in one fused kernel, so
+# either may win here; `torch.compile` fuses torchao's.
 #
 # ## 3. Four popular claims, tested
-# Each of these circulates in tutorials and forum answers, usually from one model on one machine.
+# Each circulates in tutorials and forums, usually from one model on one machine.
 #
 # ### 3.1 "int8 quantization makes a model four times smaller"
 
@@ -191,10 +189,10 @@ print(lab.api_finding(table))
 print(lab.size_finding(table))
 
 # %% [markdown]
-# It holds for the Linear-heavy model only. `quantize_dynamic` and torchao's configs replace **Linear** layers;
-# a CNN keeps almost all its weights in convolutions, which they leave in float32. Static quantization and QAT
-# quantize convolutions too, because they know each activation's range in advance. The share of parameters in
-# Linear layers predicts the file size (exercise 2).
+# It holds for the Linear-heavy model only. `quantize_dynamic` and torchao's configs replace **Linear** layers; a
+# CNN's weights sit almost all in convolutions, left in float32. Static int8 and QAT quantize convolutions too,
+# knowing each activation's range in advance. The Linear layers' share of parameters predicts the file size
+# (exercise 2).
 #
 # ### 3.2 "fp16 is the fastest way to run a model"
 
@@ -202,10 +200,9 @@ print(lab.size_finding(table))
 print(lab.fp16_finding(table))
 
 # %% [markdown]
-# fp16 always halves the file, but it is faster only where the hardware computes in fp16: GPUs with tensor
-# cores (T4 and later). Most CPUs have no fp16 arithmetic (AVX512-FP16 is a recent server feature), so each
-# operation converts to float32 and back, slower than fp32. bf16 is native on CPUs with AVX512-BF16 or AMX
-# and on Ampere+ GPUs.
+# fp16 always halves the file, but it is faster only where the hardware computes in fp16: GPUs with tensor cores
+# (T4 and later). Most CPUs have no fp16 arithmetic (AVX512-FP16 is recent), so each operation converts to float32
+# and back, slower than fp32. bf16 is native on CPUs with AVX512-BF16 or AMX and on Ampere+ GPUs.
 #
 # ### 3.3 "Cast to fp16, then quantize to int8, for the smallest model"
 
@@ -219,12 +216,12 @@ assert stack.fp16_input_error is not None and stack.int8_bytes < stack.fp16_byte
 
 # %% [markdown]
 # They do not stack: int8 dynamic already stores the Linear weights in 1 byte and its kernels take float32
-# activations, so fp16 inputs fail in the int8 layers and fp32 inputs in the layers left in fp16. Choose one
-# per target: fp16/bf16 where the hardware computes in it, int8 where int8 kernels exist.
+# activations, so fp16 inputs fail in the int8 layers and fp32 inputs in the layers left in fp16. Choose one per
+# target.
 #
 # ### 3.4 "Quantization costs no accuracy"
 # When accuracy falls, a few sensitive layers usually carry the loss: the first (it sees raw pixels), the last
-# (a rounding error in the logits changes the argmax) and normalisation layers. Two studies on the validation
+# (a logit's rounding error flips the argmax) and normalisation layers. Two studies on the validation
 # split: static int8, everything quantized or those layers kept in float (`keep_float=("stem", "head",
 # "LayerNorm")`); and weights rounded to 4 and 3 bits (simulated), the first and last layers kept or not:
 
@@ -245,10 +242,10 @@ assert set(sensitive.study) == {"fp32", "int8 static", *(f"{b}-bit weights (simu
 
 
 # %% [markdown]
-# Where quantizing everything stays within the noise, the claim holds and there is nothing to win back. Fewer
-# bits make each step coarser, and the sensitive layers show first: the choice that won most back names the
-# layer to keep in float (chosen on the validation split, never the test split). In `tiny_vit` the first and
-# last layers hold under 3 % of the parameters, so keeping them in float costs little size.
+# Where quantizing everything stays within the noise, the claim holds and there is nothing to win back. Fewer bits
+# make each step coarser, and the sensitive layers show first: the choice that won most back names the layer to
+# keep in float (chosen on validation, never test data). In `tiny_vit` the first and last layers hold under 3 % of
+# the parameters: keeping them in float costs little.
 #
 # ## 4. Fine-tune then quantize, or quantization-aware training
 # **Post-training quantization** (PTQ, everything above) rounds a trained model. **Quantization-aware
@@ -309,9 +306,8 @@ assert (recipes.test_accuracy.between(0, 1)).all() and recipes.step_time_s.iloc[
 # may hide in the step-time spread.
 #
 # ## 5. Your turn: the panel
-# Choose the model, the method and the calibration batches (static int8 only), and press **Run**. Each run
-# adds bars: file size and CPU speed against fp32, and test accuracy. Try `int8_static` with 1 calibration
-# batch and with 16.
+# Choose model, method and calibration batches (static int8 only), and press **Run**; each run adds bars
+# for size and CPU speed against fp32 and test accuracy. Try `int8_static` with 1 calibration batch and 16.
 
 # %%
 panel = ExperimentPanel(
@@ -327,26 +323,26 @@ panel
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
 # | accuracy drops a lot | sensitive layers quantized; few calibration batches | `keep_float`; more calibration; QAT |
-# | the file barely shrinks | Linear-only method on a convolutional model | static int8 or QAT |
+# | the file barely shrinks | Linear-only method on a CNN | static int8 or QAT |
 # | fp16 slower than fp32 | no fp16 arithmetic (most CPUs) | bf16 where native, int8 on CPUs |
 # | `expected scalar type Float but found Half` | fp16 and int8 dynamic combined | one or the other |
 # | `Could not run 'quantized::...'` on `'CUDA'` | a `torch.ao` int8 model on a GPU | the CPU, or torchao |
-# | no speed-up from int8 | a tiny model's overheads; time outside Linear layers; no VNNI/AMX | larger batch; compile |
-# | torchao quantized nothing | a shape the kernel refuses (int4 group size) | check the weight types (labkit raises) |
+# | no speed-up from int8 | tiny model; time outside Linear; no VNNI/AMX | larger batch; compile |
+# | torchao quantized nothing | a shape the kernel refuses (int4 group size) | check weight types (labkit raises) |
 
 # %% [markdown]
 # ## Going further
-# - **bitsandbytes.** `int8_bnb` is LLM.int8() (Dettmers et al. 2022): int8 weights, the few activation
-#   columns above a threshold in 16 bits. `nf4_bnb` is QLoRA's 4-bit NormalFloat: 16 levels at a normal
-#   distribution's quantiles, one scale per 64 weights. Both target language models on GPUs; on a CPU they
-#   run a slow fallback whose kernel needs a multiple of 32 outputs, so the 10-class head stays float and the
-#   CNN reports NF4 as not run. Notebook 08 trains LoRA on an NF4 base (QLoRA).
+# - **bitsandbytes.** `int8_bnb` is LLM.int8(): int8 weights, the few activation columns above a threshold in 16
+#   bits. `nf4_bnb` is QLoRA's 4-bit NormalFloat: 16 levels at a normal distribution's quantiles, one scale per 64
+#   weights. Both target language models on GPUs; on a CPU they run a slow fallback whose kernel needs a multiple
+#   of 32 outputs, so the 10-class head stays float and the CNN reports NF4 as not run. Notebook 08 uses NF4 for
+#   QLoRA.
 # - **PT2E static quantization** (torchao's `prepare_pt2e` / `convert_pt2e`) replaces FX graph mode:
 #   `torch.export` the model, quantize the graph, compile it (minutes on a small CPU, hence FX here).
 # - **GPTQ and AWQ** choose 4-bit weight rounding from calibration data; **SmoothQuant** moves activation
 #   outliers into the weights; **fp8** (H100 and later) is in torchao too.
-# - Colab and Kaggle preinstall their own torchao, sometimes older than the tested one; the first cell
-#   printed both versions.
+# - Colab and Kaggle preinstall their own torchao, sometimes older than the tested one (the first cell
+#   prints both).
 
 # %% [markdown]
 # ## Summary

@@ -8,17 +8,16 @@
 #
 # **You will learn**
 # 1. why `DataParallel` is slower than DDP;
-# 2. DDP in plain PyTorch, checked equal, weight for weight, to labkit's engine; launching torchrun from a
+# 2. DDP in plain PyTorch, checked weight for weight against labkit's engine; launching torchrun from a
 #    notebook;
 # 3. scaling: efficiency T1 / (N x TN), all-reduce time, gradient buckets, `no_sync` under accumulation;
 # 4. what ends a job when a rank dies or hangs;
 # 5. FSDP2's `fully_shard` for a model too big to copy.
 #
-# **What you need:** notebooks 00 and 02. A CPU is fine: every job runs as two CPU processes over gloo,
-# which shows the mechanism, the equal training and the faults. On a CPU the processes share the same
-# cores, so section 4's timings (scaling, buckets) and section 6's FSDP step time show little but noise; on
-# two or more GPUs the same cells use one GPU per process over NCCL, and section 1 measures DataParallel. With
-# one GPU (Colab) the jobs run as CPU processes.
+# **What you need:** notebooks 00 and 02. A CPU is fine: jobs run as CPU processes over gloo, enough for the
+# mechanism, the equal training and the faults. On a CPU the processes share the cores, so the timings in sections
+# 4 and 6 show little but noise; on two or more GPUs the same cells use one GPU per process over NCCL, and section
+# 1 measures DataParallel. With one GPU (Colab) the jobs run as CPU processes.
 
 # %%
 import torch
@@ -38,13 +37,12 @@ labkit.env_report()
 
 # %% [markdown]
 # ## 1. DataParallel or DistributedDataParallel
-# `torch.nn.DataParallel(model)` is one line and one process. Every step it copies the model from GPU 0 to
-# every GPU, runs the copies in Python threads, and gathers every output back on GPU 0, which does more work
-# and holds more memory than the others. DDP runs **one process per GPU**: each keeps its copy for the whole
-# run, and the processes only exchange gradients, overlapped with the backward pass. Forum threads and blog
-# posts repeat figures like "8 h with DataParallel, 1.5 h with DDP on 4 x V100", with no measurement we could
-# cite; PyTorch's documentation recommends DDP even on one machine. With two or more GPUs the next cell
-# measures both; elsewhere it says why not:
+# `torch.nn.DataParallel(model)` is one line and one process. Every step it copies the model from GPU 0 to every
+# GPU, runs the copies in Python threads and gathers the outputs on GPU 0, which works more and holds more memory
+# than the others. DDP runs **one process per GPU**: each keeps its copy for the whole run, and the processes only
+# exchange gradients, overlapped with the backward pass. Forum threads quote figures like "8 h with DataParallel,
+# 1.5 h with DDP on 4 x V100" without a citable measurement; PyTorch's documentation recommends DDP even on one
+# machine. With two or more GPUs the next cell measures both; elsewhere it says why not:
 
 # %%
 dp = lab.dp_vs_ddp(cfg)
@@ -53,10 +51,9 @@ dp.table()  # nothing without two GPUs
 
 # %% [markdown]
 # ## 2. The mechanism in plain PyTorch
-# A DDP job is N copies of one script, started together. Each copy is a **rank** (0 to N-1) and reads its
-# rank and the world size from variables that `torchrun` sets. The whole mechanism: join the process group,
-# wrap the model, give each rank its share of every epoch, and train as usual; DDP averages the gradients
-# inside `loss.backward()`. `plain_setup` builds the config, data and model as labkit's engine does.
+# A DDP job is N copies of one script, started together. Each copy is a **rank** (0 to N-1) and reads its rank and
+# the world size from `torchrun`'s variables. The whole mechanism: join the process group, wrap the model, give
+# each rank its share of every epoch, and train as usual; DDP averages the gradients inside `loss.backward()`.
 
 # %%
 # %%writefile ddp_plain.py
@@ -90,10 +87,10 @@ for step in range(cfg.max_steps):
 plain_finish(losses, model, sys.argv[2])  # averages the losses over the ranks; only rank 0 writes; exits
 
 # %% [markdown]
-# `DistributedSampler` draws one permutation per epoch, the same on every rank (same seed), and gives rank r
-# the positions r, r + N, r + 2N, ...: the shares never overlap. Without `set_epoch`, every epoch would repeat
-# the first one's order. Since every rank starts from rank 0's weights and applies the same averaged
-# gradient, the copies stay identical without sending weights again.
+# `DistributedSampler` draws one permutation per epoch, the same on every rank (same seed), and gives rank r the
+# positions r, r + N, r + 2N, ...: the shares never overlap. Without `set_epoch`, every epoch would repeat the
+# first one's order. Since every rank starts from rank 0's weights and applies the same averaged gradient, the
+# copies stay identical without resending weights.
 #
 # `lab.run_script` starts `torchrun --standalone --nproc_per_node=2 ddp_plain.py CONFIG OUT`; `lab.launch`
 # runs labkit's engine on the same small run:
@@ -113,9 +110,9 @@ assert len(set(mine["weights_sha256"])) == 1 and len(set(engine.distributed["wei
 assert engine.distributed["world_size"] == 2 and engine.distributed["backend"] == "gloo"
 
 # %% [markdown]
-# **Why a script, not a notebook function?** Each rank is a fresh process, which cannot import a function
-# that lives only in the kernel; forking the kernel breaks once it has touched CUDA. labkit's `launch` starts
-# torchrun on an importable module (`labkit.worker`) and streams rank 0's output into the cell.
+# **Why a script, not a notebook function?** Each rank is a fresh process and cannot import a function defined
+# only in the kernel; forking the kernel breaks once it has touched CUDA. labkit's `launch` starts torchrun on an
+# importable module (`labkit.worker`) and streams rank 0's output into the cell.
 #
 # ## 3. Two processes train what one does
 # Inside a process group, `labkit.train.Trainer` wraps the model in DDP and takes each rank's batches from a
@@ -135,10 +132,10 @@ assert eq.identical_weights and eq.early_difference < 1e-3  # GPUs drift a littl
 assert abs(eq.one.accuracy - eq.many.accuracy) <= labkit.measure.accuracy_noise(eq.one.accuracy, P.test_size)
 
 # %% [markdown]
-# The curves overlap; the gap on the right is rounding: the all-reduce adds the ranks' gradients in another
-# order (on GPUs, non-deterministic kernels add a little drift). **BatchNorm** would make it larger, since each
-# rank normalises by its own statistics (labkit uses `SyncBatchNorm` on GPUs). Keeping the per-rank batch
-# instead makes the global batch N times larger, which needs notebook 02's scaled learning rate.
+# The gap on the right is rounding: the all-reduce adds the ranks' gradients in another order (on GPUs,
+# non-deterministic kernels add a little drift). **BatchNorm** would widen it: each rank normalises by its own
+# statistics (labkit uses `SyncBatchNorm` on GPUs). Keeping the per-rank batch instead multiplies the global batch
+# by N, needing notebook 02's scaled learning rate.
 #
 # ## 4. Scaling
 # With N processes each rank computes B/N samples per step, plus the all-reduce. **Speed-up** is the
@@ -168,19 +165,18 @@ last = scale.iloc[-1]
 assert abs(last.efficiency - scale.step_time_s.iloc[0] / (last.world_size * last.step_time_s)) < 1e-9
 
 # %% [markdown]
-# The finding names one of four outcomes, calling a change real only where the step times' p10-p90 spreads
-# do not overlap. On GPUs each process brings its own device: **near-linear**, or **a real gain, less than
-# linear**, limited by the all-reduce, the slowest rank and the optimizer step every rank runs in full. On a
-# CPU the processes bring **no new hardware**: the session's CPU threads (every core, unless `OMP_NUM_THREADS`
-# says fewer) are shared out, `threads_per_rank` each. Where one process already used every core there is
-# often **no gain**, or the job is **slower**; where the session had fewer threads than cores (CI sets one),
-# each extra process takes an idle core and shows a gain. `launch_time_s` is every job's fixed price:
-# torchrun, imports, joining the group.
+# The finding names one of four outcomes, calling a change real only where the step times' p10-p90 spreads do not
+# overlap. On GPUs each process brings its own device: **near-linear**, or **a real gain, less than linear**,
+# limited by the all-reduce, the slowest rank and the optimizer step every rank runs in full. On a CPU the
+# processes bring **no new hardware**: the session's threads (every core unless `OMP_NUM_THREADS` says fewer) are
+# shared out, `threads_per_rank` each. Where one process already used every core there is often **no gain**, or
+# the job is **slower**; where the session had fewer threads than cores (CI sets one), each extra process takes an
+# idle core: a gain. `launch_time_s` is every job's fixed price: torchrun, imports, joining the group.
 #
-# **Where the time goes.** `comm_share` is the time the all-reduces took during one profiled step; DDP
-# overlaps them with the backward pass, so it is an upper bound on what they add. DDP groups the gradients
-# into **buckets** of `bucket_cap_mb` (25 MB by default) and all-reduces each as soon as it is ready. Smaller
-# buckets start sending earlier but pay each collective's fixed cost more often:
+# **Where the time goes.** `comm_share` is the all-reduces' time in one profiled step; since DDP overlaps them
+# with the backward pass, it bounds what they add. DDP groups the gradients into **buckets** of `bucket_cap_mb`
+# (25 MB by default) and all-reduces each as soon as it is ready. Smaller buckets start sending earlier but pay
+# each collective's fixed cost more often:
 
 # %%
 buckets = lab.bucket_sweep(cfg, sizes=(0.25, 25))
@@ -189,9 +185,8 @@ display.table(buckets, ["bucket_cap_mb", "allreduces_per_step", "allreduced_per_
                         "comm_share"])
 
 # %% [markdown]
-# A single all-reduce at 25 MB means the gradients ("allreduced per step") fit in one bucket, which can
-# only start when the backward pass is over. A ResNet-18's 45 MB of gradients make two buckets; a large model
-# makes dozens.
+# A single all-reduce at 25 MB means the gradients ("allreduced per step") fit in one bucket, which starts only
+# when the backward pass is over. A ResNet-18's 45 MB of gradients make two buckets; a large model makes dozens.
 #
 # **Gradient accumulation under DDP.** Each `backward()` would all-reduce, although only the last
 # micro-batch's sum is needed; `model.no_sync()` skips it on the others
@@ -209,11 +204,10 @@ assert max(abs(a - b) for a, b in zip(accumulated.losses[:10], eq.many.losses[:1
 
 # %% [markdown]
 # ## 5. When a rank dies
-# A collective waits until **every** rank has joined it. If a rank dies, the others wait in their next
-# all-reduce, and the job hangs with its GPUs idle unless something ends the wait. **torchrun**
-# watches its processes: when one exits with an error, it stops the others. The **process-group timeout**
-# (`init_process_group(timeout=...)`; torch's default is 30 minutes for gloo and 10 for NCCL, labkit's 60 s)
-# makes a collective that waited too long raise. `launch(..., fail_rank=1, fail_step=3)` makes rank 1 fail.
+# A collective waits until **every** rank has joined it. If a rank dies, the others wait in their next all-reduce,
+# and the job hangs, GPUs idle, unless something ends the wait. **torchrun** watches its processes: when one exits
+# with an error, it stops the others. The **process-group timeout** (`init_process_group(timeout=...)`; torch's
+# default 30 min for gloo, 10 for NCCL; labkit's 60 s) makes a collective that waited too long raise.
 #
 # **Predict first:** how many seconds after its start will the job end when rank 1 raises an error after
 # step 3?
@@ -232,9 +226,9 @@ assert died.error.rank == 1 and died.error.exit_code != 0 and died.elapsed_s < 6
 assert "rank 1 failed after step 3" in str(died.error)
 
 # %% [markdown]
-# Rank 1's error reached torchrun, which stopped the other ranks; the seconds are mostly the processes'
-# start-up. A rank that **hangs** (a deadlock, a stuck data loader, a rank that took another branch of an
-# `if`) does not exit, so torchrun sees nothing; only the timeout ends it. Here with a 3-second timeout:
+# Rank 1's error reached torchrun, which stopped the other ranks; the seconds are mostly the processes' start-up.
+# A rank that **hangs** (a deadlock, a stuck data loader, another branch of an `if`) does not exit, so torchrun
+# sees nothing; only the timeout ends it. Here with a 3-second timeout:
 
 # %%
 stuck = lab.fault_demo(cfg, fail_rank=1, fail_step=3, how="hang", timeout_s=3)
@@ -250,16 +244,16 @@ assert stuck.error.rank == 1 and "stopped taking part" in str(stuck.error) and s
 #
 # ## 6. When a copy per GPU no longer fits: FSDP
 # DDP keeps the whole model, gradients and optimizer state on every GPU: with AdamW, 16 bytes per parameter
-# (notebook 03). Fully Sharded Data Parallel keeps 1/N of each per GPU, gathers a block's weights just before
-# it runs, and reduce-scatters the gradients so that each rank updates its shard. 1.5 billion parameters in
-# fp32 against a 16 GB T4:
+# (notebook 03). Fully Sharded Data Parallel keeps 1/N of each per GPU, gathers a block's weights just before it
+# runs, and reduce-scatters the gradients so each rank updates its shard. 1.5 billion parameters in fp32 against a
+# 16 GB T4:
 
 # %%
 display.table(lab.fsdp_sizing(num_params=1.5e9, gpu_bytes=16e9), ["strategy", "gpus", "per_gpu_bytes", "fits"])
 
 # %% [markdown]
-# FSDP2's `fully_shard` runs on gloo too, so the same small job can be sharded here (`lab.launch(...,
-# strategy="fsdp")`: `fully_shard` on each block, then on the model, before the optimizer is built):
+# FSDP2's `fully_shard` runs on gloo too, so the same job can be sharded here (`lab.launch(..., strategy="fsdp")`:
+# `fully_shard` on each block, then on the model, before the optimizer is built):
 
 # %%
 sharded = lab.fsdp_comparison(cfg, nproc=2)
@@ -275,13 +269,12 @@ assert fsdp_row.optimizer_state_bytes < 0.6 * ddp_row.optimizer_state_bytes
 assert max(abs(a - b) for a, b in zip(ddp_row.losses[:10], fsdp_row.losses[:10], strict=True)) < 1e-3
 
 # %% [markdown]
-# The activations are not sharded (gradient checkpointing helps there). FSDP pays with more communication,
-# since the weights travel every step; on GPUs that overlaps with compute when the blocks are large enough.
+# The activations are not sharded (gradient checkpointing helps there). FSDP pays in communication: the weights
+# travel every step; on GPUs that overlaps with compute when the blocks are large enough.
 #
 # ## 7. Your turn: the panel
-# Choose the processes, the bucket size, the accumulation steps and the steps, and press **Run**. Each job
-# adds bars for its throughput and its all-reduces per step. Every job starts torchrun afresh, so expect the
-# start-up seconds on top.
+# Choose processes, bucket size, accumulation steps and steps, and press **Run**; each job adds bars for its
+# throughput and all-reduces per step. Each starts torchrun afresh: expect start-up seconds on top.
 
 # %%
 panel = ExperimentPanel(
@@ -297,21 +290,20 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | the job hangs, GPUs at 0 % | a rank died, never joined, or skipped a collective | a timeout; same collectives |
+# | the job hangs, GPUs idle | a rank died, never joined, or skipped a collective | a timeout; same collectives |
 # | "Address already in use" | an earlier job holds the port | `--standalone`, or another `--master_port` |
 # | every epoch the same order | `set_epoch` never called | `sampler.set_epoch(epoch)` |
 # | ranks' weights drift apart | different seeds at build; an unused parameter | same build; `find_unused_parameters` |
-# | accuracy differs from one GPU | per-rank BatchNorm; per-rank batch kept | `SyncBatchNorm`; keep the global batch |
+# | accuracy differs from one GPU | per-rank BatchNorm; per-rank batch kept | `SyncBatchNorm`; global batch |
 # | logs repeat N times, checkpoints overwrite | every rank writes | only rank 0 writes |
-# | NCCL hangs on Kaggle's 2 x T4 | no peer-to-peer path between the GPUs | `NCCL_P2P_DISABLE=1` (`launch` sets it) |
-# | no speed-up on a CPU | the processes share the same cores | DDP pays across devices |
+# | NCCL hangs on Kaggle's 2 x T4 | no peer-to-peer path | `NCCL_P2P_DISABLE=1` (`launch` sets it) |
+# | no speed-up on a CPU | processes share the cores | DDP pays across devices |
 # | SIGABRT after a rank finished | gloo's threads at Python's shutdown | `destroy_process_group()`; `os._exit(0)` |
 
 # %% [markdown]
 # ## Going further
 # - **Several machines.** The same script runs on every machine; torchrun's rendezvous gathers them. Each
-#   machine runs the same command with the number of machines, a `--rdzv_endpoint` every machine can reach
-#   and its own `--node_rank`:
+#   runs the command with the number of machines, a `--rdzv_endpoint` all can reach and its own `--node_rank`:
 
 # %%
 for rank, command in enumerate(lab.multi_node_commands(nproc=4, nnodes=2, endpoint="10.0.0.1:29500")):
@@ -331,7 +323,7 @@ for rank, command in enumerate(lab.multi_node_commands(nproc=4, nnodes=2, endpoi
 # ## Summary
 # - DDP: one process per device, gradients all-reduced during `backward()`; prefer it to DataParallel.
 # - `init_process_group`, `DistributedDataParallel(model)`, `DistributedSampler` with `set_epoch`, only rank 0
-#   writes; started with `torchrun`, never from a function in a notebook.
+#   writes; launched by `torchrun`, not from a notebook function.
 # - At the same global batch, N processes train what one does, up to rounding.
 # - Efficiency T1 / (N x TN) is limited by communication and the slowest rank; `no_sync` skips all but the
 #   last micro-batch's all-reduce.
@@ -351,8 +343,8 @@ for rank, command in enumerate(lab.multi_node_commands(nproc=4, nnodes=2, endpoi
 
 # %% [markdown]
 # ## Exercises
-# The first asks for code: the share of an epoch that a rank trains on, as `DistributedSampler` gives it,
-# checked against torch's sampler for several world sizes, ranks and epochs.
+# The first asks for code: a rank's share of an epoch, as `DistributedSampler` gives it, checked against
+# torch's sampler for several world sizes, ranks and epochs.
 
 # %%
 print(exercises.question("07.shard"))

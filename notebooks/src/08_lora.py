@@ -3,20 +3,19 @@
 #
 # A full fine-tune changes every weight and keeps, per weight, a gradient and two AdamW states. LoRA (Hu et al.
 # 2021) freezes the pretrained weights and learns each layer's change as the product of two thin matrices,
-# `B @ A`, of a small rank: a few small matrices train, and one base model serves many tasks. QLoRA (Dettmers et
-# al. 2023) also stores the frozen base in 4-bit NormalFloat. This notebook builds the layer, checks it against
-# PEFT and the paper, and measures what rank and targets do to the four numbers.
+# `B @ A`, of small rank, so one base model serves many tasks. QLoRA (Dettmers et al. 2023) also stores the
+# frozen base in 4-bit NormalFloat.
 #
 # **You will learn**
 # 1. the LoRA layer in plain PyTorch: frozen `W`, `A` (Kaiming) and `B` (zeros), the `alpha / rank` scale,
-#    merging; and what goes wrong in a LoRA layer as it is often copied from blog posts;
+#    merging; and what goes wrong in a commonly copied blog version;
 # 2. `add_lora` by layer names, checked against PEFT and against the paper's 294,912 for RoBERTa-base;
 # 3. rank 1 to 64 on the attention projection and on every Linear layer against full fine-tuning and head-only;
 # 4. QLoRA's 4-bit NF4 base against a bf16 base; merged against unmerged inference.
 #
-# **What you need:** notebook 05 (freezing) helps; notebook 06 introduced NF4. A CPU is fine: every section runs
-# on it. On a CPU, QLoRA's step time (section 5) is only noise (bitsandbytes' CPU path is a fallback), and the
-# sweep's step-time differences (section 4) are small, often inside the runs' own spread; a GPU shows both.
+# **What you need:** notebook 05 (freezing) helps; notebook 06 introduced NF4. A CPU runs every section, but
+# there QLoRA's step time (section 5) is only noise (bitsandbytes' CPU path is a fallback) and the sweep's
+# step-time differences (section 4) often sit inside the runs' own spread; a GPU shows both.
 
 # %%
 import math
@@ -37,7 +36,7 @@ labkit.env_report()
 
 # %% [markdown]
 # ## 1. The mechanism
-# Here is a LoRA layer of the kind that circulates in blog posts and forum answers, as it is often copied:
+# A LoRA layer as it circulates in blog posts and forum answers:
 
 # %%
 print(lab.blog_snippet())  # the source of lab.BlogLoRALayer
@@ -49,8 +48,8 @@ print(lab.blog_snippet())  # the source of lab.BlogLoRALayer
 #    and, worse, silently adds the transpose on a square one.
 # 3. **No `alpha / rank` scale:** the update's size changes with the rank, so every rank needs its own
 #    learning rate.
-# 4. **`A` from `randn`:** about 20x larger than `nn.Linear` starts a weight, so each change of `B` moves the
-#    output about 20x as much: like a learning rate far too high.
+# 4. **`A` from `randn`:** about 20x larger than `nn.Linear`'s initial weights, so each change of `B` moves the
+#    output 20x as much: a learning rate far too high.
 
 # %%
 display.table(lab.blog_snippet_problems(), ["problem", "what_happens"])
@@ -69,8 +68,8 @@ assert "0.25x" in problems.iloc[2]
 # $$y = W x + b + \frac{\alpha}{r}\, B\,A\,\mathrm{dropout}(x),
 # \qquad A \in \mathbb{R}^{r \times in},\; B \in \mathbb{R}^{out \times r}$$
 #
-# `A` starts Kaiming-uniform (as `nn.Linear` starts its weight) and `B` at zeros, so the layer starts equal to
-# the pretrained one; `alpha / r` keeps the update's size about the same across ranks. In plain PyTorch:
+# `A` starts Kaiming-uniform and `B` at zeros, so the layer starts equal to the pretrained one; `alpha / r`
+# keeps the update's size about the same across ranks. In plain PyTorch:
 
 # %%
 class LoRA(nn.Module):
@@ -135,7 +134,7 @@ assert torch.allclose(engine(x), before, atol=1e-5) and not engine.merged
 # ## 2. Which layers, how many parameters
 # `lora.add_lora(model, rank, alpha, targets)` replaces every Linear whose name ends with one of `targets`
 # (whole name parts, as PEFT matches them: `"v"` names `attn.v`, not `attn.qkv`) by a `LoRALinear`, freezes the
-# rest, and keeps a labkit model's head trainable (a new task's classifier learns from scratch);
+# rest, and keeps a labkit model's head trainable (a new classifier learns from scratch);
 # `RunConfig(lora_rank=..., lora_targets=...)` does the same inside `fit`. `tiny_vit` computes q, k and v with
 # one Linear, `qkv`; `"all-linear"` adds the attention output and the MLP. Each adapted layer trains
 # `rank x (in + out)` numbers:
@@ -173,9 +172,9 @@ assert published.trainable_params.iloc[0] == 294_912
 
 # %% [markdown]
 # ## 3. Against PEFT
-# PEFT's `get_peft_model` wraps any `nn.Module` by `target_modules`. Given the same layers (the head in
-# `modules_to_save`), the same A and B, and `B` set to random values as after training, the two should agree on
-# the trainable count, the outputs and the gradients:
+# PEFT's `get_peft_model` wraps any `nn.Module` by `target_modules`. Given the same layers (head in
+# `modules_to_save`) and the same A and B, with `B` random as after training, the two should agree on trainable
+# count, outputs and gradients:
 
 # %%
 side_by_side = lab.peft_comparison(cfg, rank=8)
@@ -190,12 +189,12 @@ assert (side_by_side.max_grad_diff <= 1e-4 * side_by_side.max_grad.clip(lower=1)
 
 # %% [markdown]
 # PEFT counts more parameters *in all*: `modules_to_save` keeps the original head beside its trained copy, so
-# that the adapter can be switched off. The trainable ones are the same.
+# the adapter can be switched off. The trainable ones are the same.
 #
 # ## 4. Rank and targets
 # Each run fine-tunes the same pretrained `tiny_vit` for the same steps: in full, head-only, and with LoRA at
 # each rank on `qkv` and on every Linear layer (LoRA and head-only at a larger learning rate, as in the paper:
-# small matrices that start from zero want a larger step).
+# small matrices starting from zero want a larger step).
 #
 # **Predict first.** What share of `tiny_vit`'s parameters will LoRA at rank 8 on `qkv` train, and will its
 # step take more or less time than full fine-tuning's?
@@ -233,7 +232,7 @@ axes = plots.lines(lab.sweep_chart_frame(frame), x="rank", hue="targets", logx=T
 #   parameter).
 # - **Activations** shrink far less, and can grow: a frozen Linear keeps no input for its weight gradient, but a
 #   LoRA layer keeps its input and `A x` for the adapters', and every layer above the first adapter still passes
-#   gradients back. On `qkv` LoRA usually keeps somewhat less than full fine-tuning, on `all-linear` as much or
+#   gradients back. On `qkv` LoRA usually keeps less than full fine-tuning, on `all-linear` as much or
 #   more; head-only keeps almost nothing.
 # - **Step time** saves the frozen weights' gradient matmuls (a third of a step) and pays for the thin adapter
 #   matmuls, slow for their FLOPs. The printed line calls LoRA faster or slower only where the runs' 10th-90th
@@ -244,10 +243,10 @@ axes = plots.lines(lab.sweep_chart_frame(frame), x="rank", hue="targets", logx=T
 #   all may sit within the test split's noise, which the printed line gives.
 #
 # ## 5. QLoRA: a 4-bit base
-# QLoRA stores the frozen base in 4-bit NormalFloat (bitsandbytes' `Linear4bit`, notebook 06) and trains bf16
-# adapters over it. Here LoRA on every Linear, rank 8, over a bf16 base and over an NF4 base, in bf16 autocast,
-# for half the sweep's steps. A third run keeps bitsandbytes' layers as shipped: they return their *input's*
-# dtype, float32 after a LayerNorm under autocast, where a bf16 model (what QLoRA loads) passes bf16 on.
+# QLoRA trains bf16 adapters over a frozen 4-bit NormalFloat base (bitsandbytes' `Linear4bit`, notebook 06).
+# Here: LoRA on every Linear, rank 8, over a bf16 and an NF4 base in bf16 autocast, for half the sweep's steps.
+# A third run keeps bitsandbytes' layers as shipped: they return their *input's* dtype, float32 after a
+# LayerNorm under autocast, where a bf16 model (what QLoRA loads) passes bf16 on.
 #
 # **Predict first.** By what factor will the peak training memory fall with the 4-bit base?
 
@@ -274,7 +273,7 @@ else:
 
 # %% [markdown]
 # The 4-bit weights take about a quarter of bf16's: half a byte per weight plus an 8-bit scale per block of 64
-# (double quantization), 4.127 bits a weight. Whether the *peak* falls depends on what it is made of: in a
+# (double quantization), 4.127 bits a weight. Whether the *peak* falls depends on its make-up: in a
 # 7-billion-parameter model the frozen weights are most of it (14 GB in bf16, 3.6 GB in NF4), so QLoRA fits it on
 # one 16 GB GPU; in this tiny model the activations are, so the saving is small or none. The third run shows a
 # dtype deciding memory: float32 activations after every 4-bit layer can cost more than the 4 bits saved.
@@ -282,8 +281,8 @@ else:
 # ## 6. Merged inference
 # Unmerged, every adapted layer adds two thin matmuls to each forward. `lora.merge_and_unload(model)` merges each
 # update into its weight and puts the plain Linear back: the base model's layers and latency, the unmerged
-# model's outputs up to float rounding. The base is timed twice, in turns with the others: how far its two
-# timings differ is this machine's noise, which the printed line compares against.
+# model's outputs up to float rounding. The base is timed twice, interleaved with the others; the gap between
+# its two timings is this machine's noise, which the printed line compares against.
 
 # %%
 merged = lab.merge_comparison(cfg, rank=8)  # the fine-tuned qkv rank-8 model from the sweep (cached)
@@ -300,9 +299,9 @@ assert merged.latency_s.gt(0).all() and len(merged) == 4
 # for a single deployed model. A 4-bit base cannot be merged in place: dequantize it first, or serve unmerged.
 #
 # ## 7. Your turn: the panel
-# Choose the rank, the targets and alpha, and press **Run**. Each run adds a point: trainable parameters, peak
-# memory and accuracy against the rank, one line per target set. Try rank 1 and rank 64 on `qkv`, then alpha 4
-# and 64 at rank 8: which changes accuracy more?
+# Choose rank, targets and alpha, and press **Run**; each run adds a point (trainable parameters, peak memory,
+# accuracy against rank, one line per target set). Try rank 1 and 64 on `qkv`, then alpha 4 and 64 at rank 8:
+# which changes accuracy more?
 
 # %%
 panel = ExperimentPanel(
@@ -316,13 +315,13 @@ panel
 # ## Pitfalls
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
-# | the model does not learn at all | the head is frozen too | train the head (PEFT: `modules_to_save`) |
-# | LoRA learns much slower than full fine-tuning | full fine-tuning's learning rate | a larger one (1e-4 to 3e-3) |
-# | `Target modules ... not found` | the names differ (`query`, `q_proj`, a fused `qkv`) | list the Linear names |
+# | model does not learn | head frozen too | train the head (PEFT: `modules_to_save`) |
+# | LoRA learns much slower than full | full fine-tuning's lr | a larger lr (1e-4 to 3e-3) |
+# | `Target modules ... not found` | names differ (`query`, `q_proj`, fused `qkv`) | list the Linear names |
 # | memory barely falls | activations dominate | checkpointing (notebook 03), a smaller micro-batch |
 # | merged outputs differ from unmerged | merged twice, or into a quantized base | merge once, into a float copy |
-# | QLoRA uses more memory than bf16 LoRA | the 4-bit layers return float32 | load the model in bf16 |
-# | results change with the rank at a fixed lr | no `alpha / rank` scale | fix `alpha`, change the rank |
+# | QLoRA uses more memory than bf16 LoRA | 4-bit layers return float32 | load the model in bf16 |
+# | results change with rank at fixed lr | no `alpha / rank` scale | fix `alpha`, change the rank |
 
 # %% [markdown]
 # ## Going further
@@ -331,7 +330,7 @@ panel
 # `peft.get_peft_model` with LoRA on the query and value projections and the classifier in `modules_to_save`. At
 # `full` with the network the source is ViT-base from the hub (86 M parameters, images upsampled to 224);
 # elsewhere a transformers ViT built from a small config and given `tiny_vit`'s weights (transformers' ViT adds a
-# class token and classifies from it), saved and loaded by the same `from_pretrained` call.
+# class token), saved and loaded by the same `from_pretrained` call.
 
 # %%
 hf = lab.transformer_finetune(cfg, rank=8)  # PEFT LoRA on query, value; the classifier trained in full
@@ -371,8 +370,8 @@ assert math.isfinite(hf["first_loss"]) and math.isfinite(hf["last_loss"]) and 0 
 
 # %% [markdown]
 # ## Exercises
-# The first asks for code: LoRA's forward pass from the weight, the bias, A and B. The checker compares your
-# output with labkit's `LoRALinear` on several shapes and ranks.
+# The first asks you to code LoRA's forward pass from the weight, bias, A and B; the checker compares it with
+# labkit's `LoRALinear` on several shapes and ranks.
 
 # %%
 print(exercises.question("08.lora_forward"))

@@ -3,21 +3,20 @@
 #
 # Notebooks 01-08 each changed one thing. A real fine-tune stacks them, and stacked techniques do not simply
 # multiply their savings: freezing removes optimizer state that an 8-bit optimizer would have shrunk. This
-# notebook takes a staged recipe of the kind that circulates in blog posts ("bigger batch, then AMP, then
-# checkpointing, ..."), applies it one stage at a time, measures every stage, and asks what order the
-# measurements suggest. Then it profiles one training step and hands broken configs to `labkit.doctor`.
+# notebook applies a staged recipe of the kind blog posts circulate ("bigger batch, then AMP, then
+# checkpointing, ...") one stage at a time, measures each, and asks what order the measurements suggest; then it
+# profiles a training step and hands broken configs to `labkit.doctor`.
 #
 # **You will learn**
-# 1. a recipe as a YAML `RunConfig`, applied stage by stage: time per epoch, peak memory, accuracy and deployed
-#    size of every stage, in the recipe's order and in the order the measurements suggest;
+# 1. a recipe as a YAML `RunConfig`, applied and measured stage by stage, in the recipe's order and the measured one;
 # 2. `torch.profiler` on one training step before and after mixed precision, and a trace to open in Perfetto;
-# 3. `labkit.doctor`: an exploding loss, AMP slower than fp32, accuracy lost to quantization, pruning that frees
-#    no memory, a distributed run that hangs, each diagnosed;
+# 3. `labkit.doctor` diagnosing an exploding loss, AMP slower than fp32, accuracy lost to quantization, pruning
+#    that frees no memory, and a hanging distributed run;
 # 4. what each technique of notebooks 01-08 bought on this machine, from your own cached runs.
 #
-# **What you need:** notebooks 01-08 (the summary reads their cached runs; one you have not run shows as "not run
-# yet"). A CPU is fine for every section. On a CPU the mixed-precision stage (sections 2-3) is fp32, so its ratios
-# are noise, and the profiler's bf16 step (section 4) is emulated, slower than fp32; a GPU shows the speed-up.
+# **What you need:** notebooks 01-08 (section 6 reads their cached runs; unrun ones show as "not run yet"). A CPU
+# runs every section, but there the mixed-precision stage (sections 2-3) is fp32, its ratios noise, and the
+# profiler's bf16 step (section 4) is emulated, slower than fp32; a GPU shows the speed-up.
 
 # %%
 import torch
@@ -35,9 +34,8 @@ labkit.env_report()
 
 # %% [markdown]
 # ## 1. The recipe as a config
-# The recipe, as the YAML file labkit ships. Each key is one stage, applied on top of the ones above it, in the
-# file's order. It is a `RunConfig` like any other, so `labkit.load_config` reads it and checks every field (a
-# misspelt key is an error naming it, not a silently ignored line):
+# The recipe, as the YAML file labkit ships: each key is one stage, applied on top of the ones above it. It is a
+# `RunConfig`, so `labkit.load_config` checks every field (a misspelt key is an error, not a silently ignored line):
 
 # %%
 print(lab.RECIPE_PATH.read_text())
@@ -46,7 +44,7 @@ print({name: getattr(recipe, name) for name in ("batch_size", "precision", "chec
 
 # %% [markdown]
 # Stacking is a loop over the file's keys. `cfg.replace` validates each step, so a combination that cannot work
-# (say `freeze` together with `lora_rank`) fails at the stage that introduces it:
+# (say `freeze` with `lora_rank`) fails at the stage that introduces it:
 
 # %%
 with open(lab.RECIPE_PATH) as f:
@@ -72,8 +70,8 @@ assert list(stages) == [s.key for s in lab.recipe_stages()] and stacked[-1].quan
 #
 # ## 2. Stage by stage
 # Each stage is trained from the same pretrained weights for the same epochs, so a larger batch sees the same
-# data in fewer, larger steps. The table gives time per epoch, peak memory, the deployed model's accuracy and
-# size. **Predict first:** after all six stages, what are the peak memory and the epoch time as a share of the
+# data in fewer, larger steps. The table gives epoch time, peak memory, and the deployed model's accuracy and
+# size. **Predict first:** after all six stages, what are peak memory and epoch time as a share of the
 # baseline's?
 
 # %%
@@ -102,7 +100,7 @@ axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
 
 # %% [markdown]
 # How to read it (the printed line names what happened here; a time counts as changed only outside the runs'
-# own 10th-90th percentile spread, an accuracy only outside the test split's noise):
+# 10th-90th percentile spread, an accuracy only outside the test split's noise):
 #
 # - **A larger batch** uses more memory: activations grow with the batch (notebook 02). It pays in time where
 #   the smaller batch left the device idle; with fewer steps, accuracy can fall unless the learning rate grows.
@@ -117,7 +115,7 @@ axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
 # ## 3. The order the measurements suggest
 # Each stage was also run **alone** on the baseline. Ranking the training stages by what each bought alone
 # (peak-memory ratio times epoch-time ratio, smallest first) gives another order; a stage that changes nothing on
-# this device (`precision: auto` on a CPU) goes after the others, whatever noise its timing shows, and
+# this device (`precision: auto` on a CPU) goes after the others, whatever its timing noise, and
 # quantization stays last: it acts on the trained model. The chart above shows both orders; each stage alone:
 
 # %%
@@ -133,13 +131,13 @@ assert rec.given.iloc[-1][["batch_size", "freeze", "quantize"]].tolist() == \
 assert rec.alone.error.isna().all() and len(rec.alone) == 7
 
 # %% [markdown]
-# Both orders end at the same config. The order changes what you have after each stage, and so where you can
+# Both orders end at the same config; the order decides what you have after each stage, and so where you can
 # stop: put the stage that buys the most first; one that buys little where it stands can be dropped.
 # Interactions are why an "alone" ratio does not predict its stacked one (exercise 2 measures by how much).
 #
 # ## 4. Where the time goes: the profiler
-# `torch.profiler` records every operator a step runs, with its own ("self") time. The plain version, on a plain
-# step of the same model: warm up first (the first steps allocate memory and pick kernels), then profile one:
+# `torch.profiler` records every operator a step runs, with its own ("self") time. The plain version, on
+# a step of the same model: warm up, then profile one:
 
 # %%
 from torch.profiler import ProfilerActivity, profile
@@ -158,8 +156,8 @@ top = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=T
 print(*(f"{e.key:<34} {e.self_cpu_time_total / 1e3:8.2f} ms self, {e.count} calls" for e in top), sep="\n")
 
 # %% [markdown]
-# (`lab.quiet_native_output()` drops what Kineto, the profiler's C++ library, writes to stderr, which Jupyter
-# would show as a red box.) The engine profiles a step of its own loop the same way, in fp32 and in the mixed
+# (`lab.quiet_native_output()` hides stderr output from Kineto, the profiler's C++ library, which Jupyter shows
+# as a red box.) The engine profiles a step of its own loop the same way, in fp32 and in the mixed
 # precision this device would use (bf16 where `auto` keeps fp32), groups the operators by kind, and writes
 # Chrome traces. **Predict first:** in fp32, what share of the step's operator time goes to matmuls and
 # convolutions?
@@ -191,22 +189,22 @@ display.table(after.ops, ["operator", "kind", "calls", "self_ms", "total_ms", "s
 # Open a trace in https://ui.perfetto.dev or `chrome://tracing`: every operator is a bar on a timeline, nested
 # under its caller, forward then backward then the optimizer.
 #
-# What to look for: on a tensor-core GPU the matmuls and convolutions get much faster in fp16/bf16 and the step
+# On a tensor-core GPU the matmuls and convolutions get much faster in fp16/bf16 and the step
 # becomes bound by everything else (elementwise kernels, normalization, the optimizer, casts): AMP's speed-up
-# (2-3x, PyTorch's AMP recipe) is less than the tensor cores' (a T4: 65 TFLOPS in fp16, 8.1 in fp32). On a CPU
-# without bf16 instructions the convolutions get slower, bf16 emulated around float32 arithmetic, and the casts'
+# (2-3x) is less than the tensor cores' (a T4: 65 TFLOPS in fp16, 8.1 in fp32). On a CPU
+# without bf16 instructions the convolutions get slower, bf16 being emulated in float32, and the casts'
 # share grows (the printed line says which happened here).
 #
 # ## 5. The doctor
-# `labkit.doctor(cfg)` runs short probes for the troubleshooting table's symptoms. Each finding gives what was
-# observed, the likely cause and a remedy as config changes, and where a run can tell, tries it (`checked`). A
+# `labkit.doctor(cfg)` runs short probes for the troubleshooting table's symptoms. Each finding gives the
+# observation, likely cause and a remedy as config changes, and where a run can tell, tries it (`checked`). A
 # healthy config first:
 
 # %%
 print(labkit.doctor(cfg.replace(epochs=1, max_steps=P.max_steps)))
 
 # %% [markdown]
-# **Loss becomes NaN (or explodes).** SGD at a learning rate of 50: each step overshoots, the loss grows by orders of
+# **Loss becomes NaN (or explodes).** SGD at learning rate 50: each step overshoots, the loss grows by orders of
 # magnitude, and in fp16 it overflows to inf and NaN.
 
 # %%
@@ -219,8 +217,8 @@ assert nan.problem and "exploding gradients" in nan.cause and nan.fix["lr"] < 50
 
 # %% [markdown]
 # **AMP slower than fp32.** fp16 at batch 8. On a CPU without fp16 instructions autocast emulates it; on a GPU a
-# batch this small keeps the tensor cores idle. The doctor times a few steps of each and names the cause that
-# fits this device:
+# batch this small keeps the tensor cores idle. The doctor times a few steps of each and names the cause
+# fitting this device:
 
 # %%
 amp = labkit.doctor(lab.broken(cfg, "amp_slower"))["amp_slower"]  # precision fp16, batch 8
@@ -233,7 +231,7 @@ assert not amp.problem or ("tensor cores" in amp.cause or "batch" in amp.cause o
 
 # %% [markdown]
 # **Accuracy drops a lot after quantization.** Weights rounded to 3 bits (simulated, kept in float32). The doctor
-# measures the drop against the test set's noise and, if it is real, keeps the first and the last layers in float
+# measures the drop against the test set's noise and, if real, keeps the first and last layers in float,
 # one at a time (chosen on the validation split, checked on the test split):
 
 # %%
@@ -258,8 +256,8 @@ assert prune.problem and abs(prune.numbers["nonzero_share"] - 0.5) < 0.02 and pr
 assert prune.numbers["fixed_size_ratio"] < 0.5 and prune.fix == {"prune_structured": True}
 
 # %% [markdown]
-# **A distributed run that hangs.** Two processes, and rank 1 stops taking part after step 2, as a rank stuck in
-# I/O would; rank 0 waits for it in the next all-reduce. With torch's default process-group timeout (30 minutes
+# **A distributed run that hangs.** Two processes; rank 1 stops taking part after step 2, as if stuck in I/O,
+# and rank 0 waits for it in the next all-reduce. With torch's default process-group timeout (30 minutes
 # for gloo, 10 for NCCL) that is a long silence; the doctor launches with a short one, so the hang becomes an
 # error naming the rank within seconds:
 
@@ -274,11 +272,11 @@ assert hang.numbers["elapsed_s"] < 20 * hang.numbers["timeout_s"] + 60
 
 # %% [markdown]
 # ## 6. Notebooks 01-08 on this machine
-# labkit caches every finished run. `lab.summary()` reads your cache and pairs each technique's run with the same
-# run without it (mixed precision against fp32, freezing against none, ...): time (training time per sample, or
+# `lab.summary()` reads your cache and pairs each technique's run with the same
+# run without it (mixed precision against fp32, freezing against none, ...): time (training time per sample;
 # inference latency for pruning and quantization), peak memory and size as ratios, accuracy as a change in
-# points. A notebook you have not run here shows as "not run yet"; the printed line names a time saving only
-# where the two runs' step-time spreads do not overlap. The hatched bars are the published figure (PyTorch's AMP
+# points. The printed line names a time saving only
+# where the runs' step-time spreads do not overlap. The hatched bars are the published figure (PyTorch's AMP
 # recipe: 2-3x on tensor-core GPUs), not a measurement here.
 
 # %%
@@ -300,10 +298,10 @@ display.table(labkit.load_reference(), ["setup", "speedup_vs_fp32", "trainable_p
 
 # %% [markdown]
 # These numbers move with the hardware: on a CPU mixed precision often costs time, on a tensor-core GPU it alone
-# is "2-3X" (PyTorch's AMP recipe). The recipe that fits is the one measured where it will run.
+# gives 2-3x. The recipe that fits is the one measured where it will run.
 #
 # ## 7. Your turn: the panel
-# Choose the stages and press **Run**. Each run is cached, and the bars compare every setting run in this session
+# Choose the stages and press **Run**; runs are cached, and the bars compare every setting run this session
 # (bs: batch size, ckpt: checkpointing).
 
 # %%
@@ -321,13 +319,13 @@ panel
 # | symptom | likely cause | remedy |
 # | --- | --- | --- |
 # | loss becomes NaN | exploding gradients, fp16 overflow | lower LR, gradient clipping, bf16, GradScaler |
-# | accuracy drops a lot after quantization | sensitive layers quantized | keep LayerNorm/first/last layers in float |
+# | accuracy drops after quantization | sensitive layers quantized | keep LayerNorm/first/last in float |
 # | AMP slower than fp32 | no tensor cores (P100, CPU), tiny batches | check capability, larger batch, channels_last |
-# | distributed run hangs | a rank died or never joined | timeouts on the process group, check backend |
-# | memory not reduced after pruning | zeros are still stored densely | structured pruning, sparse storage |
+# | distributed run hangs | a rank died or never joined | process-group timeouts, check backend |
+# | memory not reduced after pruning | zeros still stored densely | structured pruning, sparse storage |
 # | memory looks unchanged with AMP | reading the cache, not the allocator | `max_memory_allocated`, reset peak stats |
-# | a stacked recipe is slower than one stage alone | a stage that costs time, kept where it buys nothing | drop it |
-# | the profiler's times differ from the step time | profiler overhead; "self" excludes callees | compare profiles |
+# | stacked recipe slower than one stage alone | a stage that costs time and buys nothing here | drop it |
+# | profiler times differ from step time | profiler overhead; "self" excludes callees | compare profiles |
 
 # %% [markdown]
 # ## Going further
@@ -341,8 +339,8 @@ panel
 #   `lora_targets: [qkv]` in the YAML; QLoRA's 4-bit base for models that do not fit.
 #
 # ### The doctor from the command line
-# The same diagnosis, on the config saved as YAML: `labkit doctor CONFIG.yaml` exits with 1 when it finds a
-# problem, so a script can stop on it.
+# `labkit doctor CONFIG.yaml` runs the same diagnosis on a saved config and exits with 1 on a problem, so a
+# script can stop on it.
 
 # %%
 path = labkit.save_config(lab.broken(cfg, "pruning_memory"), lab.trace_folder() / "broken_pruning.yaml")
@@ -367,8 +365,8 @@ path = labkit.save_config(lab.broken(cfg, "pruning_memory"), lab.trace_folder() 
 
 # %% [markdown]
 # ## Exercises
-# The first asks for code: the rule that turned the alone-runs into the measured order. The checker compares
-# your order with labkit's on two recipes.
+# The first asks you to code the rule that turned the alone-runs into the measured order; the checker compares
+# yours with labkit's on two recipes.
 
 # %%
 print(exercises.question("09.measured_order"))
@@ -384,7 +382,7 @@ exercises.check("09.measured_order", measured_order)
 
 # %% [markdown]
 # The next one uses **your own** runs: the peak-memory ratio of each training stage alone. After answering, compare
-# your product with the stacked recipe's ratio printed below it. Which stages interact, and why does the product
+# your product with the stacked ratio printed below it. Which stages interact, and why does the product
 # miss?
 
 # %%
