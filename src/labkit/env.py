@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from . import machine
 from .errors import ConfigError
 from .messages import note
 from .project import __version__
@@ -123,38 +124,24 @@ def is_online() -> bool:
 def cuda_arch_problem(index: int = 0) -> str | None:
     """Why this torch cannot run kernels on GPU ``index`` though ``torch.cuda.is_available()``; None when it can.
 
-    A torch build carries kernels for a list of architectures (``torch.cuda.get_arch_list()``, e.g.
-    ``sm_75``). A GPU runs a kernel built for its own major version and an equal or lower minor one
-    (sm_80 runs on an 8.6 card), or PTX (``compute_XY``) of an equal or lower version, compiled when first
-    used. Kaggle's P100 (sm_60) with a torch built from sm_70 on is available, and fails at its first kernel.
+    A torch build carries kernels for a list of architectures (``torch.cuda.get_arch_list()``, e.g. ``sm_75``);
+    `labkit.machine.arch_problem` has the rule. Kaggle's P100 (sm_60) with a torch built from sm_70 on is
+    available, and fails at its first kernel. Inside `labkit.machine.described`, the described GPU's answer.
 
     Example:
         >>> cuda_arch_problem()   # None on a supported GPU
     """
+    if index == 0 or machine.is_described():
+        return machine.here().gpu_problem
     if torch.version.cuda is None:  # ROCm names its architectures gfx...: not ours to check
         return None
-    major, minor = torch.cuda.get_device_capability(index)
-    archs = list(torch.cuda.get_arch_list())
-    if not archs:  # a build that does not say: trust it
-        return None
-    for arch in archs:
-        match = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", arch)  # sm_90a, sm_120f: the suffix adds features
-        if match is None:
-            continue
-        kind, arch_major, arch_minor = match[1], int(match[2]), int(match[3])
-        if kind == "sm" and arch_major == major and arch_minor <= minor:
-            return None
-        if kind == "compute" and (arch_major, arch_minor) <= (major, minor):
-            return None
-    name = torch.cuda.get_device_name(index)
-    return (f"the GPU {name} (sm_{major}{minor}) has no kernels in this torch {torch.__version__} build, which "
-            f"supports {', '.join(archs)}; on Kaggle choose the 'GPU T4 x2' accelerator, elsewhere install a "
-            f"torch build that lists sm_{major}{minor}")
+    return machine.arch_problem(tuple(torch.cuda.get_device_capability(index)), torch.cuda.get_arch_list(),
+                                torch.cuda.get_device_name(index), torch.__version__)
 
 
 def cuda_usable() -> bool:
     """A CUDA GPU is visible and this torch has kernels for it (`cuda_arch_problem`)."""
-    return torch.cuda.is_available() and cuda_arch_problem() is None
+    return machine.here().gpu_usable
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -162,20 +149,20 @@ def resolve_device(device: str = "auto") -> torch.device:
 
     ``auto`` says why, once, when a GPU was there. ``cuda`` without a usable GPU is an error.
     """
+    here = machine.here()
     if device == "auto":
-        if not torch.cuda.is_available():
+        if not here.gpu_count:
             return torch.device("cpu")
-        problem = cuda_arch_problem()
-        if problem is not None:
-            note(f"running on the CPU: {problem}.")
+        if here.gpu_problem is not None:
+            note(f"running on the CPU: {here.gpu_problem}.")
             return torch.device("cpu")
         return torch.device("cuda")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if device.startswith("cuda") and not here.gpu_count:
         raise ConfigError("device", device, "'auto' or 'cpu' (no CUDA GPU is visible to torch here)")
     if device.startswith("cuda"):
         index = torch.device(device).index or 0
-        if index >= torch.cuda.device_count():
-            raise ConfigError("device", device, f"'auto', 'cpu' or 'cuda:N' with N < {torch.cuda.device_count()} "
+        if index >= here.gpu_count:
+            raise ConfigError("device", device, f"'auto', 'cpu' or 'cuda:N' with N < {here.gpu_count} "
                                                 "(the GPUs torch sees here)")
         problem = cuda_arch_problem(index)
         if problem is not None:
@@ -196,23 +183,26 @@ def has_tensor_cores(capability: tuple[int, int] | None) -> bool:
     return capability is not None and capability >= (7, 0)
 
 
-def _cpu_has(wanted: set[str], cpuinfo: str) -> bool | None:
-    try:
-        with open(cpuinfo) as handle:
-            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
-    except OSError:
-        return None
-    return bool(wanted & set(flags))
+def cpu_bf16_native(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX); None when it cannot be told (not Linux).
+
+    Args:
+        cpuinfo: a ``/proc/cpuinfo`` to read (None: this machine's, or the `labkit.machine.described` one's).
+    """
+    if cpuinfo is None:
+        return machine.here().cpu_bf16
+    return machine.cpu_has({"avx512_bf16", "amx_bf16"}, cpuinfo)
 
 
-def cpu_bf16_native(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX); None when it cannot be told (not Linux)."""
-    return _cpu_has({"avx512_bf16", "amx_bf16"}, cpuinfo)
+def cpu_fp16_native(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU has fp16 arithmetic (AVX512-FP16 or AMX-FP16); None when it cannot be told (not Linux).
 
-
-def cpu_fp16_native(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
-    """Whether this CPU has fp16 arithmetic (AVX512-FP16 or AMX-FP16); None when it cannot be told (not Linux)."""
-    return _cpu_has({"avx512_fp16", "amx_fp16"}, cpuinfo)
+    Args:
+        cpuinfo: a ``/proc/cpuinfo`` to read (None: this machine's, or the `labkit.machine.described` one's).
+    """
+    if cpuinfo is None:
+        return machine.here().cpu_fp16
+    return machine.cpu_has({"avx512_fp16", "amx_fp16"}, cpuinfo)
 
 
 def tf32_state() -> dict:
@@ -274,23 +264,23 @@ def env_report(device: str = "auto") -> EnvReport:
         ('cpu', True)
     """
     dev = resolve_device(device)
+    here = machine.here()
     report = EnvReport(device=dev.type, gpu=None, capability=None, gpu_memory_bytes=None)
+    if machine.is_described():
+        report["machine"] = f"described: {here.name}, {here.describe()}"
     if dev.type == "cuda":
-        props = torch.cuda.get_device_properties(dev)
-        capability = (props.major, props.minor)
-        report.update(gpu=props.name, capability=f"{props.major}.{props.minor}",
-                      gpu_memory_bytes=int(props.total_memory), gpu_count=torch.cuda.device_count())
-        report["bf16"] = native_bf16(capability)
+        report.update(gpu=here.gpu, capability=f"{here.capability[0]}.{here.capability[1]}",
+                      gpu_memory_bytes=here.gpu_memory_bytes, gpu_count=here.gpu_count)
         # torch.cuda.is_bf16_supported() says True on a T4 because it can emulate bf16; we do not count that.
-        report["bf16_emulated"] = (not report["bf16"]) and bool(torch.cuda.is_bf16_supported(including_emulation=True))
-        report["tensor_cores"] = has_tensor_cores(capability)
+        report["bf16"] = here.bf16_native
+        report["bf16_emulated"] = here.bf16_emulated
+        report["tensor_cores"] = here.tensor_cores
     else:
         report["gpu_count"] = 0
         # CPU autocast runs bf16 everywhere, but natively only with AVX512-BF16 or AMX instructions.
-        native = cpu_bf16_native()
-        report["bf16"] = native  # None: could not tell (no /proc/cpuinfo)
-        report["bf16_emulated"] = native is False
-        report["fp16_native"] = cpu_fp16_native()  # without it fp16 autocast converts around fp32 arithmetic
+        report["bf16"] = here.cpu_bf16  # None: could not tell (no /proc/cpuinfo)
+        report["bf16_emulated"] = here.cpu_bf16 is False
+        report["fp16_native"] = here.cpu_fp16  # without it fp16 autocast converts around fp32 arithmetic
         report["tensor_cores"] = False
         report["cpu"] = _platform.processor() or _platform.machine()
         report["cpu_capability"] = torch.backends.cpu.get_cpu_capability()

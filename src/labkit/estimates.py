@@ -11,8 +11,7 @@ import json
 import math
 from dataclasses import dataclass, fields
 
-import torch
-
+from . import machine
 from .config import RunConfig
 from .env import env_report, hardware_key, profile, resolve_device
 from .results import cache_key, results_dir
@@ -81,7 +80,7 @@ def estimate_run(cfg: RunConfig, cached: bool = True) -> RunEstimate | None:
     train_size = cfg.train_size or prof.train_size
     steps = total_steps(cfg, train_size // cfg.batch_size)  # the loader drops a last, smaller batch
     device = resolve_device(cfg.device)
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    capability = machine.here().capability if device.type == "cuda" else None
     if resolve_precision(cfg.precision, device, capability).emulated:  # the run will be cut as `fit` cuts it
         steps = min(steps, emulated_step_limit(prof))
     seconds = per_sample_s * steps * cfg.batch_size

@@ -18,10 +18,16 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
     (CUDA, (8, 0), "bf16"),   # A100
     (CUDA, (7, 5), "fp16"),   # T4: tensor cores, no native bf16
     (CUDA, (6, 0), "fp32"),   # P100: no tensor cores
-    (CPU, None, "fp32"),
 ])
 def test_auto_precision_by_capability(device, capability, expected):
     assert resolve_precision("auto", device, capability).name == expected
+
+
+def test_auto_precision_on_a_cpu_follows_its_bf16_instructions():
+    with labkit.machine.described("cpu_avx2"):  # bf16 by conversion: slower than fp32
+        assert resolve_precision("auto", CPU).name == "fp32"
+    with labkit.machine.described("cpu_bf16"):  # AVX512-BF16 or AMX: faster than fp32 (notebook 01)
+        assert resolve_precision("auto", CPU).name == "bf16"
 
 
 def test_bf16_without_native_support_warns():

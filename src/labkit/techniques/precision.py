@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import machine
 from ..env import cpu_bf16_native, cpu_fp16_native, has_tensor_cores, native_bf16
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -42,8 +43,8 @@ class Precision:
 def resolve_precision(requested: str, device: torch.device, capability: tuple[int, int] | None = None) -> Precision:
     """Resolve ``auto`` and flag bf16 that would be emulated.
 
-    ``auto``: bf16 where it is native (CUDA capability >= 8.0), fp16 on tensor-core GPUs without it
-    (T4, V100), fp32 elsewhere (P100, CPU).
+    ``auto``: bf16 where it is native (CUDA capability >= 8.0, a CPU with AVX512-BF16 or AMX), fp16 on
+    tensor-core GPUs without it (T4, V100), fp32 elsewhere (P100, a CPU that would emulate bf16).
 
     Example:
         >>> resolve_precision("auto", torch.device("cuda"), (7, 5)).name
@@ -51,13 +52,15 @@ def resolve_precision(requested: str, device: torch.device, capability: tuple[in
     """
     device = torch.device(device)
     if device.type == "cuda" and capability is None:
-        capability = torch.cuda.get_device_capability(device)
+        capability = machine.here().capability
     on_gpu = device.type == "cuda"
     if requested == "auto":
         if on_gpu and native_bf16(capability):
             return Precision(requested, "bf16")
         if on_gpu and has_tensor_cores(capability):
             return Precision(requested, "fp16")
+        if not on_gpu and cpu_bf16_native() is True:  # 01 measures native bf16 faster than fp32 on such CPUs
+            return Precision(requested, "bf16")
         return Precision(requested, "fp32")
     if requested == "bf16" and on_gpu and not native_bf16(capability):
         major, minor = capability

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from ... import display, models, train
+from ... import display, machine, models, train
 from ...config import RunConfig
 from ...env import resolve_device
 from ...messages import worded
@@ -73,7 +73,7 @@ def dp_vs_ddp(cfg: RunConfig, progress: bool = True) -> DataParallelComparison:
     Args:
         cfg: the run. progress: show the bars.
     """
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = machine.here().gpu_count
     if gpus < 2 or resolve_device(cfg.device).type != "cuda":
         return DataParallelComparison(gpus, None)
     ddp = launch(cfg, nproc=gpus, progress=progress)

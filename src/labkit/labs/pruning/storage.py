@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ... import measure
+from ... import machine, measure
 from ...config import RunConfig
 from ...env import Profile, profile, resolve_device
 from ...errors import ConfigError
@@ -206,7 +206,7 @@ def semi_structured(cfg: RunConfig, size: int = 4096) -> SemiStructured:
     if device.type != "cuda":
         record.reason = "2:4 kernels need a CUDA GPU of compute capability 8.0+, and this run is on the CPU"
         return record
-    capability = torch.cuda.get_device_capability(device)
+    capability = machine.here().capability
     if capability < (8, 0):
         record.reason = (f"2:4 kernels need compute capability 8.0+, and this GPU has "
                          f"{capability[0]}.{capability[1]}")

@@ -1,0 +1,170 @@
+"""The engine's platform decisions on the machines labkit promises (DESIGN.md's platform table), described.
+
+Each test puts labkit in a `labkit.machine.described` block and checks what it chooses there and what it prints.
+These supplement a run on a real GPU; they do not replace it.
+"""
+
+import pytest
+import torch
+
+import labkit
+from labkit import config, env, machine
+from labkit.errors import ConfigError
+from labkit.labs import distributed as lab07
+from labkit.labs.quantization import methods
+from labkit.techniques import precision, quantization
+from labkit.techniques.distributed import default_backend
+
+# machine: (device "auto" goes to, precision "auto" picks, profile by default, bf16 emulated)
+DECISIONS = {
+    "t4": ("cuda", "fp16", "full", True),
+    "2xt4": ("cuda", "fp16", "full", True),
+    "p100": ("cuda", "fp32", "full", True),
+    "p100_no_sm60": ("cpu", "fp32", "quick", True),  # no sm_60 kernels: the CPU, and the CPU's answers
+    "a100": ("cuda", "bf16", "full", False),
+    "h200": ("cuda", "bf16", "full", False),
+    "cpu_bf16": ("cpu", "bf16", "quick", False),  # native bf16 (AVX512-BF16/AMX): 01 measures it faster than fp32
+    "cpu_avx2": ("cpu", "fp32", "quick", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECISIONS))
+def test_device_precision_and_profile_on_each_described_machine(name, monkeypatch):
+    monkeypatch.delenv("LABKIT_PROFILE", raising=False)
+    device, auto, profile_name, emulated = DECISIONS[name]
+    with machine.described(name) as here:
+        resolved = env.resolve_device("auto")
+        assert resolved.type == device
+        assert precision.resolve_precision("auto", resolved).name == auto
+        assert labkit.profile().name == profile_name
+        assert precision.resolve_precision("bf16", resolved).emulated is emulated
+        report = labkit.env_report()
+        assert report["device"] == device and report["machine"].startswith(f"described: {name}")
+        if device == "cuda":
+            assert report["gpu"] == here.gpu and report["gpu_count"] == here.gpu_count
+            assert report["capability"] == f"{here.capability[0]}.{here.capability[1]}"
+            assert report["bf16"] is (not emulated) and report["tensor_cores"] is (here.capability >= (7, 0))
+        else:
+            assert report["gpu"] is None and report["bf16"] is here.cpu_bf16
+    assert "machine" not in labkit.env_report()  # outside the block: this machine again
+
+
+def test_bf16_on_a_t4_is_emulated_and_says_what_to_use_instead():
+    with machine.described("t4"):
+        chosen = precision.resolve_precision("bf16", torch.device("cuda"))
+    assert chosen.emulated and "capability 7.5 is emulated" in chosen.warning and "fp16" in chosen.warning
+    with machine.described("p100"):
+        fp16 = precision.resolve_precision("fp16", torch.device("cuda"))
+    assert "no tensor cores" in fp16.warning
+
+
+def test_a_p100_without_kernels_falls_back_to_the_cpu_saying_why(capsys):
+    with machine.described("p100_no_sm60"):
+        assert env.resolve_device("auto").type == "cpu"
+        with pytest.raises(ConfigError, match=r"device='cuda' is not allowed: 'auto' or 'cpu': the GPU Tesla P100"):
+            env.resolve_device("cuda")
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "running on the CPU: the GPU Tesla P100-PCIE-16GB (sm_60) has no kernels" in printed
+    assert "'GPU T4 x2'" in printed
+    with machine.described("p100"):  # the same card with a torch that still ships sm_60
+        assert env.resolve_device("auto").type == "cuda"
+
+
+@pytest.mark.parametrize("name, device, nproc, backend, model", [
+    ("t4", "cpu", 2, "gloo", "tiny_vit"),  # one GPU: the lesson on CPU processes over gloo
+    ("a100", "cpu", 12, "gloo", "tiny_vit"),
+    ("2xt4", "auto", 2, "nccl", "tiny_vit"),  # offline in tests: the small workload, on the two GPUs
+    ("cpu_avx2", "auto", 2, "gloo", "tiny_vit"),
+])
+def test_notebook_07_processes_and_backend(name, device, nproc, backend, model):
+    with machine.described(name):
+        cfg = lab07.workload(labkit.profile("full"))
+        assert cfg.device == device and cfg.model == model
+        kind = env.resolve_device(cfg.device).type
+        assert lab07.max_processes(kind) == nproc and default_backend(kind) == backend
+        if kind == "cuda":
+            with pytest.raises(ConfigError, match=r"nproc=3 is not allowed: an integer from 1 to 2: one process "
+                                                  r"per device, and this machine has 2 GPU\(s\)"):
+                lab07.launch(cfg, nproc=3)
+
+
+def test_the_hang_probe_runs_on_cpu_processes_with_one_gpu():
+    from labkit.troubleshoot import probe_config
+
+    cfg = labkit.RunConfig(model="small_cnn", batch_size=32)
+    with machine.described("t4"):
+        probed, where = probe_config(cfg, 2)
+        assert probed.device == "cpu" and probed.model == lab07.VIT and probed.batch_size == 32
+        assert "on 2 CPU processes over gloo" in where and "1 GPU here" in where
+    with machine.described("t4", cpu_cores=1):
+        probed, where = probe_config(cfg, 2)
+        assert probed is None and "1 GPU(s) and 1 CPU core(s)" in where
+    with machine.described("2xt4"):
+        probed, where = probe_config(cfg, 2)
+        assert probed.device == "auto" and probed.model == "small_cnn" and where == ""
+
+
+@pytest.mark.parametrize("name, int4", [("t4", False), ("p100", False), ("a100", True), ("h200", True)])
+def test_quantize_methods_offered_on_each_gpu(name, int4):
+    with machine.described(name):
+        offered = quantization.available("cuda")
+        assert ("int4_weight_only" in offered) is int4
+        assert "nf4_bnb" in offered and "fp16" in offered
+        table = methods.methods_table().set_index("method")
+        assert bool(table.loc["int4_weight_only", "runs on this GPU"]) is int4
+        assert "runs on this GPU" in methods.methods_columns(table.reset_index())
+        if not int4:
+            why = quantization.supported("int4_weight_only", "cuda")
+            assert "compute capability 8.0+" in why and "nf4_bnb" in why
+    assert "runs on this GPU" not in methods.methods_table()  # this CPU
+
+
+def test_full_falls_back_when_the_data_can_be_neither_read_nor_downloaded(monkeypatch, tmp_path, capsys):
+    from labkit import data
+
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("LABKIT_OFFLINE", "0")  # online as far as labkit is told, but nothing answers
+    data.host_answers.cache_clear()
+    monkeypatch.setattr(data.socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(TimeoutError()))
+    try:
+        assert config.workload(labkit.profile("full")) == config.SMALL_WORKLOAD
+        printed = " ".join(capsys.readouterr().out.split())
+        assert "cifar10 is not on disk and its download host (www.cs.toronto.edu) did not answer within 3 s" in printed
+        folder = tmp_path / "cifar-10-batches-py"
+        folder.mkdir()
+        for name in data.CIFAR10_FILES:
+            (folder / name).write_bytes(b"x")
+        assert config.workload(labkit.profile("full"))["dataset"] == "cifar10"  # on disk: no network needed
+    finally:
+        data.host_answers.cache_clear()
+
+
+def test_a_described_machine_must_be_one_labkit_knows():
+    with pytest.raises(ConfigError, match=r"machine='tpu' is not allowed: one of \['2xt4', 'a100'"):
+        with machine.described("tpu"):
+            pass
+    assert not machine.is_described()
+
+
+def test_this_machine_is_read_from_torch_and_the_cpu():
+    here = machine.here()
+    assert here.name == "here" and here.gpu_count == torch.cuda.device_count()
+    assert here.cpu_bf16 == env.cpu_bf16_native("/proc/cpuinfo") and here.cpu_cores >= 1
+    assert here.device == env.resolve_device("auto").type
+
+
+def test_07_compares_losses_across_micro_batches_and_shards_only_without_batchnorm():
+    assert not lab07.uses_batch_statistics(labkit.RunConfig(model="tiny_vit"))
+    assert lab07.uses_batch_statistics(labkit.RunConfig(model="resnet18"))  # 07's workload at full on 2 GPUs
+
+
+@pytest.mark.parametrize("name, device, half, adapters, run", [
+    ("t4", "cuda", torch.float16, torch.float32, "fp16"),  # bf16 emulated; a GradScaler needs fp32 adapters
+    ("a100", "cuda", torch.bfloat16, torch.bfloat16, "bf16"),
+    ("cpu_avx2", "cpu", torch.bfloat16, torch.bfloat16, "bf16"),
+])
+def test_qlora_computes_in_the_devices_native_16_bit_type(name, device, half, adapters, run):
+    from labkit.labs.lora import qlora
+
+    with machine.described(name):
+        assert qlora.qlora_dtypes(torch.device(device)) == (half, adapters, run)
