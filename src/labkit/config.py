@@ -50,7 +50,7 @@ from .choices import (
     check_lora,
     lora_targets,
 )
-from .env import OFFLINE_ENV, is_online, profile
+from .env import profile
 from .errors import ConfigError
 from .messages import note
 from .validate import is_int, is_number
@@ -229,8 +229,9 @@ class RunConfig:
 def workload(prof=None) -> dict:
     """The model, dataset, image size and batch size of the profile's main experiments (see `Profile`).
 
-    ``full`` needs the network (CIFAR-10 and torchvision's ImageNet weights are downloaded once): offline
-    it falls back to the small workload and says so loudly, once.
+    ``full`` needs CIFAR-10 (downloaded once into `labkit.data.cache_dir`): when it is neither on disk nor
+    downloadable (``$LABKIT_OFFLINE``, or its host does not answer within a few seconds: Kaggle with Internet
+    off) it falls back to the small workload and says so loudly, once.
 
     Example:
         >>> workload(labkit.profile("ci"))
@@ -239,11 +240,12 @@ def workload(prof=None) -> dict:
     prof = prof or profile()
     wanted = {"model": prof.model, "dataset": prof.dataset, "image_size": prof.image_size,
               "batch_size": prof.batch_size}
-    if wanted == SMALL_WORKLOAD or is_online():
+    problem = None if wanted == SMALL_WORKLOAD else data.fetch_problem(prof.dataset)
+    if problem is None:
         return wanted
     size = f" at {prof.image_size}x{prof.image_size}" if prof.image_size else ""
     note(f"WARNING: the {prof.name} profile's workload ({prof.model} on {prof.dataset}{size}) needs the network "
-         f"for its data and ImageNet weights, and ${OFFLINE_ENV} is set: falling back to small_cnn on shapes10. "
+         f"for its data, and {problem}: falling back to small_cnn on shapes10. "
          "On a GPU that small model is bound by kernel launches, so the techniques show smaller effects "
          "than they would on the real workload.")
     return dict(SMALL_WORKLOAD)

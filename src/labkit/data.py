@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import socket
+import urllib.parse
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
-from .env import is_online
+from .env import OFFLINE_ENV, is_online
 from .errors import ConfigError, DatasetUnavailableError
 from .validate import is_int
 
@@ -356,6 +357,53 @@ def _shapes_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 
 # --- CIFAR-10 -------------------------------------------------------------------------------------
+
+PROBE_TIMEOUT_S = 3.0  # how long a profile waits for a download host before it takes the offline workload
+CIFAR10_FILES = ("data_batch_1", "data_batch_5", "test_batch", "batches.meta")
+
+
+def on_disk(name: str, root: str | Path | None = None) -> bool:
+    """Whether dataset ``name`` can be loaded without the network (generated ones always can).
+
+    Args:
+        name: a dataset of `available`. root: where CIFAR-10 would be (default `cache_dir`).
+    """
+    if name != "cifar10":
+        return True
+    folder = Path(root if root is not None else cache_dir()) / "cifar-10-batches-py"
+    return all((folder / f).is_file() for f in CIFAR10_FILES)
+
+
+@functools.lru_cache(maxsize=8)
+def host_answers(host: str, port: int = 443, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether ``host`` accepts a TCP connection within ``timeout_s`` (asked once per process).
+
+    Args:
+        host: a host name. port: its port. timeout_s: how long to wait.
+    """
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError:  # no route, refused, a timeout, a name that does not resolve
+        return False
+    return True
+
+
+def fetch_problem(name: str, root: str | Path | None = None) -> str | None:
+    """Why dataset ``name`` can be neither loaded from disk nor downloaded now; None when it can.
+
+    Args:
+        name: a dataset of `available`. root: where CIFAR-10 would be (default `cache_dir`).
+    """
+    if on_disk(name, root):
+        return None
+    if not is_online():
+        return f"{name} is not on disk and ${OFFLINE_ENV} is set"
+    host = urllib.parse.urlparse(CIFAR10_URL).hostname
+    if not host_answers(host):
+        return (f"{name} is not on disk and its download host ({host}) did not answer within "
+                f"{PROBE_TIMEOUT_S:g} s (no internet here?)")
+    return None
+
 
 
 def _load_cifar10(sizes: dict, seed: int, root: Path, download: bool) -> dict[str, ImageData]:
