@@ -190,17 +190,19 @@ display.table(buckets, ["bucket_cap_mb", "allreduces_per_step", "allreduced_per_
 #
 # **Gradient accumulation under DDP.** Each `backward()` would all-reduce, although only the last
 # micro-batch's sum is needed; `model.no_sync()` skips it on the others
-# (`labkit.techniques.accumulation.sync_context`, used by the engine since notebook 02):
+# (`labkit.techniques.accumulation.sync_context`, used by the engine since notebook 02). With BatchNorm (ResNet-18 at
+# `full`) a micro-batch, like an FSDP rank, normalises over its own samples: its losses differ beyond rounding.
 
 # %%
 accumulated = lab.launch(cfg.replace(grad_accum=2), nproc=2)
 print(lab.accumulation_finding(eq.many, accumulated))
 
 # %% jupyter={"source_hidden": true} tags=["check"]
-# check: no_sync left one round of all-reduces per optimizer step, and the training is the same
+# check: no_sync left one round of all-reduces per optimizer step, and the training is the same (without BatchNorm)
 per_step = accumulated.distributed["ranks"][0]["allreduces_per_step"]
 assert per_step == eq.many.distributed["ranks"][0]["allreduces_per_step"]
-assert max(abs(a - b) for a, b in zip(accumulated.losses[:10], eq.many.losses[:10], strict=True)) < 1e-3
+batchnorm = lab.uses_batch_statistics(cfg)  # BatchNorm: a micro-batch normalises over its own samples
+assert batchnorm or max(abs(a - b) for a, b in zip(accumulated.losses[:10], eq.many.losses[:10], strict=True)) < 1e-3
 
 # %% [markdown]
 # ## 5. When a rank dies
@@ -262,11 +264,11 @@ display.table(sharded, ["strategy", "parameter_bytes", "optimizer_state_bytes", 
                         "step_time_s", "comm_share"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
-# check: FSDP holds about half the parameters and optimizer state per rank and trains the same model
+# check: FSDP holds about half the parameters and optimizer state per rank and trains the same model (no BatchNorm)
 ddp_row, fsdp_row = sharded.iloc[0], sharded.iloc[1]
 assert fsdp_row.parameter_bytes < 0.6 * ddp_row.parameter_bytes
 assert fsdp_row.optimizer_state_bytes < 0.6 * ddp_row.optimizer_state_bytes
-assert max(abs(a - b) for a, b in zip(ddp_row.losses[:10], fsdp_row.losses[:10], strict=True)) < 1e-3
+assert batchnorm or max(abs(a - b) for a, b in zip(ddp_row.losses[:10], fsdp_row.losses[:10], strict=True)) < 1e-3
 
 # %% [markdown]
 # The activations are not sharded (gradient checkpointing helps there). FSDP pays in communication: the weights

@@ -28,11 +28,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from . import evaluation, measure, models, train
+from . import config, evaluation, machine, measure, models, train
 from .config import RunConfig, load_config
 from .env import profile, resolve_device
 from .errors import ConfigError, DistributedError, NonFiniteLossError, UnsupportedError
 from .labs.distributed import launch
+from .labs.distributed.jobs import VIT
 from .messages import wrap
 from .results import cached_fit, cached_model
 from .techniques.precision import resolve_precision
@@ -217,7 +218,7 @@ def probe_amp(cfg: RunConfig) -> Finding:
     numbers = {"amp_step_s": amp.step_time_s, "fp32_step_s": fp32.step_time_s, "ratio": ratio}
     if ratio <= SLOWER:
         return Finding("amp_slower", "ok", f"no: {observed}", numbers=numbers)
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    capability = machine.here().capability if device.type == "cuda" else None
     finding = amp_slower_finding(observed, precision.name, precision.emulated, capability, cfg.batch_size)
     return dataclasses.replace(finding, numbers=numbers)
 
@@ -342,11 +343,13 @@ def probe_distributed(cfg: RunConfig, nproc: int | None, backend: str | None = N
     """
     if nproc is None:
         return Finding("distributed_hang", "not probed", "no distributed job asked for (nproc)")
+    cfg, where = probe_config(cfg, nproc)
+    if cfg is None:
+        return Finding("distributed_hang", "not probed", where)
     timeout = PROBE_TIMEOUT_S if timeout_s is None else min(float(timeout_s), PROBE_TIMEOUT_S)
     start = time.perf_counter()
     try:
-        job = launch(cfg.replace(prune_amount=None, prune_structured=False, quantize=None, quantize_keep_float=()),
-                     nproc=nproc, fail_rank=fail_rank, fail_step=fail_step, fail_how=fail_how, backend=backend,
+        job = launch(cfg, nproc=nproc, fail_rank=fail_rank, fail_step=fail_step, fail_how=fail_how, backend=backend,
                      timeout_s=timeout, progress=False)
     except (ConfigError, UnsupportedError) as error:
         allowed = error.allowed if isinstance(error, ConfigError) else str(error).split("What runs here: ")[-1]
@@ -359,7 +362,7 @@ def probe_distributed(cfg: RunConfig, nproc: int | None, backend: str | None = N
         rank = f"rank {error.rank}" if error.rank is not None else "a rank"
         cause = (f"{rank} stopped taking part (hung) while the others waited in an all-reduce" if hung else
                  f"{rank} died or never joined, and the job stopped")
-        return Finding("distributed_hang", "problem", f"{error} (found in {elapsed:.0f} s)", cause,
+        return Finding("distributed_hang", "problem", f"{error} (found in {elapsed:.0f} s{where})", cause,
                        f"read {rank}'s own error first; keep a process-group timeout (timeout_s: {timeout:g} s here, "
                        "torch's default is 30 minutes for gloo and 10 for NCCL) so a hang fails instead of waiting; "
                        "gloo on CPUs, nccl on GPUs (NCCL_P2P_DISABLE=1 where GPUs cannot talk directly)",
@@ -367,7 +370,28 @@ def probe_distributed(cfg: RunConfig, nproc: int | None, backend: str | None = N
     sha = set(job.distributed["weights_sha256"])
     return Finding("distributed_hang", "ok", f"no: {nproc} ranks on {job.distributed['backend']} finished "
                    f"{job.steps} steps in {time.perf_counter() - start:.0f} s with "
-                   f"{'identical' if len(sha) == 1 else 'DIFFERENT'} weights on every rank")
+                   f"{'identical' if len(sha) == 1 else 'DIFFERENT'} weights on every rank{where}")
+
+
+def probe_config(cfg: RunConfig, nproc: int) -> tuple[RunConfig | None, str]:
+    """The config the hang probe launches, and where it runs (words for the finding); None when it cannot run.
+
+    A job takes one process per GPU: with fewer GPUs than ``nproc`` (one Colab T4), the probe runs ``nproc``
+    CPU processes over gloo on the small offline workload instead, as notebook 07 does; a hang is found alike.
+
+    Args:
+        cfg: the config asked about. nproc: the processes asked for.
+    """
+    cfg = cfg.replace(prune_amount=None, prune_structured=False, quantize=None, quantize_keep_float=())
+    here = machine.here()
+    if resolve_device(cfg.device).type != "cuda" or here.gpu_count >= nproc:
+        return cfg, ""
+    if here.cpu_cores < nproc:
+        return None, (f"{nproc} processes asked for, and this machine has {here.gpu_count} GPU(s) and "
+                      f"{here.cpu_cores} CPU core(s): a job takes one process per device")
+    small = {**config.SMALL_WORKLOAD, "batch_size": cfg.batch_size, "model": VIT}
+    return (cfg.replace(device="cpu", **small),
+            f"; on {nproc} CPU processes over gloo with {VIT}: {here.gpu_count} GPU here, one process per GPU")
 
 
 def doctor(cfg: RunConfig | str | Path, nproc: int | None = None, backend: str | None = None,

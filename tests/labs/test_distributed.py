@@ -170,7 +170,7 @@ def test_findings_come_from_the_numbers(one, two):
     eq = lab.Equivalence(one, two)
     assert eq.identical_weights and eq.max_difference == float(eq.frame.loss_difference.max())
     text = flat(eq.finding())
-    assert f"loss curves within {eq.max_difference:.1e} over 6 steps" in text and "identical weights" in text
+    assert f"loss curves within {eq.max_difference:.1e} over 6 steps" in text and "identical parameters" in text
     frame = lab.jobs_frame([one, two])
     frame["speedup"] = frame.throughput / frame.throughput[0]
     frame["efficiency"] = frame.step_time_s[0] / (frame.world_size * frame.step_time_s)
@@ -241,18 +241,14 @@ def test_an_nccl_watchdog_timeout_names_the_rank_that_stopped(tmp_path):
     assert error.rank == 1 and str(error).startswith("rank 1 stopped taking part: rank 0 waited for it")
 
 
-def test_one_gpu_runs_the_jobs_as_cpu_processes(monkeypatch):
-    from labkit.labs.distributed import data_parallel, jobs
-
-    monkeypatch.setattr(jobs, "resolve_device", lambda device: torch.device("cpu" if device == "cpu" else "cuda"))
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    cfg = lab.workload(labkit.profile("ci"))  # one GPU: DDP needs a process per device, so CPU processes
-    assert (cfg.device, cfg.model, cfg.dataset) == ("cpu", "tiny_vit", "shapes10")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(data_parallel, "resolve_device", jobs.resolve_device)
-    assert "this machine has 1: nothing measured" in flat(lab.dp_vs_ddp(cfg).finding())
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert lab.workload(labkit.profile("ci")).device == "auto"  # two GPUs: one process on each
+def test_one_gpu_runs_the_jobs_as_cpu_processes():
+    with labkit.machine.described("t4"):  # one GPU: DDP needs a process per device, so CPU processes
+        cfg = lab.workload(labkit.profile("ci"))
+        assert (cfg.device, cfg.model, cfg.dataset) == ("cpu", "tiny_vit", "shapes10")
+        assert "this machine has 1: nothing measured" in flat(lab.dp_vs_ddp(cfg.replace(device="auto")).finding())
+    with labkit.machine.described("2xt4"):
+        assert lab.workload(labkit.profile("ci")).device == "auto"  # two GPUs: one process on each
+        assert lab.max_processes("cuda") == 2
 
 
 def test_ranks_share_the_threads_this_session_was_given(monkeypatch):
@@ -269,3 +265,24 @@ def test_a_progress_line_with_another_ranks_output_on_it_still_reads():
     clean, merged = _PROGRESS_LINE.match(f"{PROGRESS}2 6"), _PROGRESS_LINE.match(f"{PROGRESS}2 6Traceback (most")
     assert clean.groups() == ("2", "6", "") and merged.groups() == ("2", "6", "Traceback (most")
     assert _PROGRESS_LINE.match("Traceback (most recent call last):") is None
+
+
+def test_parameters_and_buffers_are_compared_apart():
+    from types import SimpleNamespace
+
+    from labkit.labs.distributed.equivalence import Equivalence
+
+    ranks = [{"weights_sha256": f"w{r}", "parameters_sha256": "same", "buffers_sha256": f"bn{r}"} for r in (0, 1)]
+    many = SimpleNamespace(distributed={"world_size": 2, "ranks": ranks, "weights_sha256": ["w0", "w1"]},
+                           losses=[1.0, 0.9], accuracy=0.5)
+    one = SimpleNamespace(config={"batch_size": 8}, losses=[1.0, 0.9], accuracy=0.5)
+    eq = Equivalence(one, many)  # BatchNorm on CPU processes: no SyncBatchNorm on gloo
+    assert eq.identical_weights and not eq.identical_buffers
+    assert "identical parameters on every rank (BatchNorm's running statistics differ" in flat(eq.finding())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    from labkit.techniques import distributed
+
+    before = {part: distributed.weights_sha256(model, part) for part in ("parameters", "buffers")}
+    model[1].running_mean += 1  # a rank's own statistics
+    assert distributed.weights_sha256(model, "parameters") == before["parameters"]
+    assert distributed.weights_sha256(model, "buffers") != before["buffers"]

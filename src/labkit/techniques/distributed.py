@@ -204,10 +204,20 @@ def all_gather(obj) -> list:
     return gathered
 
 
-def weights_sha256(model: nn.Module) -> str:
-    """A digest of every parameter and buffer (names and bytes): equal digests, identical weights."""
+def weights_sha256(model: nn.Module, part: str = "all") -> str:
+    """A digest of the parameters and buffers (names and bytes): equal digests, identical weights.
+
+    Args:
+        model: the (unwrapped) model. part: ``all``, ``parameters`` (what training updates and DDP keeps equal) or
+            ``buffers`` (BatchNorm's running statistics: each rank keeps its own without SyncBatchNorm).
+    """
+    if part not in ("all", "parameters", "buffers"):
+        raise ValueError(f"part={part!r}: 'all', 'parameters' or 'buffers'")
+    names = {"parameters": {n for n, _ in model.named_parameters()}, "buffers": {n for n, _ in model.named_buffers()}}
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
+        if part != "all" and name not in names[part]:
+            continue
         if hasattr(tensor, "full_tensor"):  # a sharded (FSDP) weight: gathered whole, on every rank
             tensor = tensor.full_tensor()
         digest.update(name.encode())

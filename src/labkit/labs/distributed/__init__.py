@@ -35,6 +35,7 @@ from .jobs import (
     thread_budget,
     threads_per_rank,
     time_verdict,
+    uses_batch_statistics,
     workload,
 )
 from .panel import DistRun, panel_estimate, panel_run
@@ -47,5 +48,5 @@ __all__ = [
     "data_parallel_fit", "dp_vs_ddp", "equivalence", "fault_demo", "fsdp_comparison", "fsdp_finding", "fsdp_sizing",
     "job_row", "jobs_frame", "launch", "max_processes", "mechanism_config", "multi_node_commands", "panel_estimate",
     "panel_run", "planned_steps", "plain_finish", "plain_setup", "run_script", "scaling", "scaling_finding",
-    "thread_budget", "threads_per_rank", "time_verdict", "workload", "world_sizes",
+    "thread_budget", "threads_per_rank", "time_verdict", "uses_batch_statistics", "workload", "world_sizes",
 ]

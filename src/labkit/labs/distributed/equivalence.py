@@ -40,17 +40,30 @@ class Equivalence:
         """The largest loss difference over the first `EARLY_STEPS` steps, before GPU non-determinism has grown."""
         return float(self.frame["loss_difference"].iloc[:EARLY_STEPS].max())
 
+    def _same(self, part: str) -> bool:
+        ranks = self.many.distributed["ranks"]
+        key = f"{part}_sha256" if f"{part}_sha256" in ranks[0] else "weights_sha256"  # a job cached before the split
+        return len({r[key] for r in ranks}) == 1
+
     @property
     def identical_weights(self) -> bool:
-        """Whether every rank of the N-process job ended with the same weights."""
-        return len(set(self.many.distributed["weights_sha256"])) == 1
+        """Whether every rank of the N-process job ended with the same parameters (what DDP keeps equal)."""
+        return self._same("parameters")
+
+    @property
+    def identical_buffers(self) -> bool:
+        """Whether the ranks' buffers (BatchNorm's running statistics) are equal too: without SyncBatchNorm (gloo,
+        FSDP) each rank keeps the statistics of its own samples."""
+        return self._same("buffers")
 
     @worded
     def finding(self) -> str:
         """One line: how far apart the loss curves, the ranks' weights and the accuracies ended."""
         n, batch = self.many.distributed["world_size"], self.one.config["batch_size"]
         digests = ", ".join(d[:8] for d in self.many.distributed["weights_sha256"])
-        weights = "identical weights on every rank" if self.identical_weights else f"weights DIFFER ({digests})"
+        weights = "identical parameters on every rank" if self.identical_weights else f"parameters DIFFER ({digests})"
+        if self.identical_weights and not self.identical_buffers:
+            weights += " (BatchNorm's running statistics differ: each rank keeps those of its own samples)"
         return (f"Global batch {batch}, 1 process against {n} of {batch // n}: loss curves within "
                 f"{self.max_difference:.1e} over {len(self.one.losses)} steps, {weights}, test accuracy "
                 f"{self.one.accuracy:.1%} and {self.many.accuracy:.1%}.")

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ... import config, results, train
+from ... import config, machine, models, results, train
 from ...config import RunConfig
 from ...env import Profile, env_report, profile, resolve_device
 from ...errors import ConfigError, DistributedError
@@ -49,10 +49,7 @@ _PROGRESS_LINE = re.compile(re.escape(PROGRESS) + r"(\d+) (\d+)(.*)$")
 
 def cpu_cores() -> int:
     """The CPU cores this process may use (the container's share, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return machine.here().cpu_cores
 
 
 def max_processes(device_type: str) -> int:
@@ -61,7 +58,7 @@ def max_processes(device_type: str) -> int:
     Args:
         device_type: ``cpu`` or ``cuda``.
     """
-    return torch.cuda.device_count() if device_type == "cuda" else cpu_cores()
+    return machine.here().gpu_count if device_type == "cuda" else cpu_cores()
 
 
 def workload(prof: Profile | None = None) -> RunConfig:
@@ -77,11 +74,23 @@ def workload(prof: Profile | None = None) -> RunConfig:
     base = config.baseline(prof)
     if base.model == "small_cnn":
         base = base.replace(model=VIT)
-    if resolve_device(base.device).type == "cuda" and torch.cuda.device_count() < 2:
+    if resolve_device(base.device).type == "cuda" and machine.here().gpu_count < 2:
         note("one GPU here, and DDP runs one process per device: this notebook's jobs run as CPU processes over "
              "gloo, on tiny_vit and the small offline data")
         return config.baseline(prof, **{**config.SMALL_WORKLOAD, "model": VIT}, device="cpu")
     return base
+
+
+def uses_batch_statistics(cfg: RunConfig) -> bool:
+    """Whether ``cfg``'s model normalises by batch statistics (BatchNorm), so that two jobs of it may differ.
+
+    A micro-batch of ``grad_accum`` and an FSDP rank (no SyncBatchNorm there) normalise over fewer samples than
+    the whole batch: their losses differ from DDP's for that reason alone, not by rounding.
+
+    Args:
+        cfg: the run.
+    """
+    return models.has_batchnorm(models.build(cfg.model, 10, pretrained=False)[0])
 
 
 def planned_steps(cfg: RunConfig) -> int:
