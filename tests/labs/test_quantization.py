@@ -183,3 +183,14 @@ def test_the_panel_runs_one_method_on_the_chosen_model(cfgs, monkeypatch):
         lab.panel_run(cfgs["tiny_vit"], model="vit")
     with pytest.raises(ConfigError, match=r"calibration=0 is not allowed: a positive integer"):
         lab.panel_run(cfgs["tiny_vit"], method="int8_static", calibration=0)
+
+
+def test_a_method_that_runs_on_the_gpu_is_not_reported_as_not_run_for_the_cpus_reason():
+    from labkit.labs.quantization.methods import _Built, not_run_reason
+
+    cpu_only = _Built(None, reason="int4_weight_only runs on CUDA only; for 4 bits on a CPU use 'nf4_bnb'")
+    assert not_run_reason(cpu_only, None) == cpu_only.reason  # no GPU: the CPU's reason, whole
+    assert not_run_reason(cpu_only, _Built(object())) == "CPU: int4_weight_only runs on CUDA only"
+    both = not_run_reason(cpu_only, _Built(None, reason="QAT converts to torch.ao's int8 CPU kernels"))
+    assert both == "CPU: int4_weight_only runs on CUDA only; GPU: QAT converts to torch.ao's int8 CPU kernels"
+    assert not_run_reason(_Built(object()), _Built(object())) is None

@@ -211,3 +211,30 @@ def test_fake_quantized_weights_take_only_two_to_the_bits_values(vit):
     assert not torch.equal(vit.block1.attn.qkv.weight, qkv)  # a copy: the original is untouched
     with pytest.raises(ConfigError, match=r"bits=1 is not allowed"):
         Q.fake_quantize_weights(vit, 1)
+
+
+def test_int4_runs_tinygemm_on_a_bf16_copy_fed_and_read_in_float32(vit, monkeypatch):
+    from torchao.quantization import Int4WeightOnlyConfig
+
+    config = Q.int4_config(Int4WeightOnlyConfig, 64)
+    assert config.int4_packing_format == "tile_packed_to_4d" and config.group_size == 64  # not "plain" (mslk)
+    seen = {}
+
+    def fake_torchao(model, method, names):  # what torchao would be handed on an sm80+ GPU
+        seen["dtypes"] = {model.get_submodule(n).weight.dtype for n in names}
+        return model
+
+    monkeypatch.setattr(Q, "supported", lambda method, device="cpu": None)  # as on an A100
+    monkeypatch.setattr(Q, "_torchao_quantize", fake_torchao)
+    small = Q.quantize(vit, "int4_weight_only")
+    assert seen["dtypes"] == {torch.bfloat16} and isinstance(small, Q.Cast)
+    x = torch.randn(2, 3, 32, 32)
+    assert small(x).dtype == torch.float32 and next(vit.parameters()).dtype == torch.float32  # the original kept
+
+
+def test_int4_on_a_gpu_before_ampere_says_why_and_what_instead():
+    import labkit
+
+    with labkit.machine.described("t4"):
+        why = Q.supported("int4_weight_only", "cuda")
+    assert "tinygemm, on bf16 weights) need compute capability 8.0+; this GPU has 7.5" in why and "nf4_bnb" in why

@@ -25,6 +25,7 @@ deprecation warnings, no others.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.metadata
 import logging
 import warnings
@@ -33,6 +34,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from .. import machine
 from ..choices import QUANTIZE_METHODS, SIMULATED_METHODS, QuantizeMethod, check_quantize_method
 from ..env import import_bitsandbytes
 from ..errors import ConfigError, UnsupportedError
@@ -162,6 +164,7 @@ Method = QuantizeMethod  # one way to quantize a model; the table of them is `la
 METHODS = QUANTIZE_METHODS
 CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 INT4_GROUP_SIZES = (128, 64, 32)  # torchao's int4 kernels take these group sizes
+INT4_PACKING = "tile_packed_to_4d"  # torchao 0.14+: tinygemm's layout (the default "plain" needs other kernels)
 
 
 class Cast(nn.Module):
@@ -248,9 +251,10 @@ def supported(method: str, device: torch.device | str = "cpu") -> str | None:
         return f"torchao is not installed; {INSTALL_HINT}"
     if spec.api == "bitsandbytes" and not _installed("bitsandbytes"):
         return "bitsandbytes is not installed; pip install 'bitsandbytes>=0.50'"
-    if method == "int4_weight_only" and torch.cuda.get_device_capability(device) < (8, 0):
-        return (f"torchao's int4 kernels need compute capability 8.0+; this GPU has "
-                f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
+    capability = machine.here().capability
+    if method == "int4_weight_only" and capability < (8, 0):
+        return (f"torchao's int4 kernels (tinygemm, on bf16 weights) need compute capability 8.0+; this GPU has "
+                f"{'.'.join(map(str, capability))}, so for 4 bits use 'nf4_bnb'")
     return None
 
 
@@ -346,7 +350,7 @@ def _torchao_quantize(model: nn.Module, method: str, names: list[str]) -> nn.Mod
     wanted = set(names)
     config = {"int8_dynamic_torchao": Int8DynamicActivationInt8WeightConfig,
               "int8_weight_only": Int8WeightOnlyConfig}.get(method)
-    config = config() if config else Int4WeightOnlyConfig(group_size=_group_size(model, names))
+    config = config() if config else int4_config(Int4WeightOnlyConfig, _group_size(model, names))
     try:
         quantize_(model, config, filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn in wanted)
     except (ImportError, RuntimeError, NotImplementedError, ValueError) as exc:
@@ -357,6 +361,20 @@ def _torchao_quantize(model: nn.Module, method: str, names: list[str]) -> nn.Mod
     if not changed:
         raise UnsupportedError("method", method, "torchao quantized none of the Linear layers", "the other methods")
     return model
+
+
+def int4_config(config_class, group_size: int):
+    """torchao's int4 weight-only config packed for tinygemm (CUDA sm80+, bf16 weights), which torchao runs alone.
+
+    torchao 0.14+ defaults to the ``plain`` packing, whose kernels come from a separate package (mslk /
+    fbgemm-gpu-genai) that labkit does not install; older torchao has no packing switch and uses tinygemm.
+
+    Args:
+        config_class: ``torchao.quantization.Int4WeightOnlyConfig``. group_size: weights per scale.
+    """
+    if "int4_packing_format" in {f.name for f in dataclasses.fields(config_class)}:
+        return config_class(group_size=group_size, int4_packing_format=INT4_PACKING)
+    return config_class(group_size=group_size)
 
 
 BNB_CPU_BLOCK_N = 32  # bitsandbytes' CPU 4-bit kernel packs a weight's outputs 32 at a time
@@ -384,7 +402,9 @@ def _bnb_quantize(model: nn.Module, method: str, names: list[str]) -> nn.Module:
                                       has_fp16_weights=False, threshold=6.0)
             new.weight = bnb.nn.Int8Params(old.weight.data.cpu(), requires_grad=False, has_fp16_weights=False)
         else:
-            compute = torch.bfloat16 if device.type == "cuda" else torch.float32
+            # a GPU computes NF4 in its native 16-bit type: bf16 from Ampere on, fp16 before (a T4 emulates bf16)
+            compute = (torch.bfloat16 if machine.here().bf16_native else torch.float16) if device.type == "cuda" \
+                else torch.float32
             new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=old.bias is not None,
                                     compute_dtype=compute, quant_type="nf4")
             new.weight = bnb.nn.Params4bit(old.weight.data.cpu(), requires_grad=False, quant_type="nf4")
@@ -448,6 +468,10 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
                                 dtype=torch.qint8).eval()
     if method == "int8_static":
         return _static(copied, calibration, keep).eval()
+    if method == "int4_weight_only":  # tinygemm takes bf16 weights: a bf16 copy, fed and read in float32
+        cast = Cast(copied.to(target), torch.bfloat16)
+        cast.model = _torchao_quantize(cast.model, method, names)
+        return cast.eval()
     if spec.api == "torchao":
         return _torchao_quantize(copied.to(target), method, names).eval()
     return _bnb_quantize(copied.to(target), method, names)

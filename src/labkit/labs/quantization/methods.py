@@ -100,6 +100,7 @@ def build(model: nn.Module, method: str, cfg: RunConfig, calibration) -> _Built:
     start = time.perf_counter()
     try:
         built = quantization.quantize(model, method, calibration if spec.calibration else None)
+        measure.synchronize(model_device(built))  # a GPU may still be packing weights: wait before reading the clock
         seconds = time.perf_counter() - start
         with torch.no_grad():  # a kernel this GPU lacks fails only when it runs: find out here, not in a timing loop
             built(example_batch(cfg, 2, device=model_device(built)))
@@ -118,6 +119,19 @@ def _timed(built: dict, reference: nn.Module, x: torch.Tensor, prof=None) -> tup
     times = latencies([built[m].model for m in ran] + [reference], x, prof)
     again, first = times[-1], times[ran.index("fp32")] if "fp32" in ran else math.nan
     return dict(zip(ran, times, strict=False)), abs(first - again) / min(first, again)
+
+
+def not_run_reason(cpu: _Built, gpu: _Built | None) -> str | None:
+    """Why a method did not run: the CPU's reason alone without a GPU; with one, each device's that failed, named.
+
+    Args:
+        cpu: the method built for the CPU. gpu: built for the GPU (None: no GPU here, or not tried there).
+    """
+    if gpu is None:
+        return cpu.reason if cpu.model is None else None
+    failed = [(where, built.reason.split(";")[0]) for where, built in (("CPU", cpu), ("GPU", gpu))
+              if built.model is None and built.reason]
+    return "; ".join(f"{where}: {reason}" for where, reason in failed) or None
 
 
 def _compare_rows(cfgs: dict[str, RunConfig], methods: tuple, num_calibration: int, progress: bool) -> pd.DataFrame:
@@ -141,7 +155,7 @@ def _compare_rows(cfgs: dict[str, RunConfig], methods: tuple, num_calibration: i
         for m in methods:
             done = gpu[m] if m in gpu and gpu[m].model is not None else cpu[m]
             row = {"model": name, "method": m, "api": METHODS[m].api if m in METHODS else QAT_API,
-                   "ran": done.model is not None, "reason": cpu[m].reason if cpu[m].model is None else None,
+                   "ran": done.model is not None, "reason": not_run_reason(cpu[m], gpu.get(m)),
                    "threads": torch.get_num_threads(), "cpu_batch": cpu_batch,
                    "cpu_latency_s": cpu_times.get(m, math.nan), "cpu_noise": cpu_noise,
                    "gpu_latency_s": gpu_times.get(m, math.nan), "gpu_noise": gpu_noise, "quantize_s": done.seconds,
@@ -184,7 +198,9 @@ def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
     table["cpu_speedup"] = table.model.map(fp32.cpu_latency_s) / table.cpu_latency_s
     table["gpu_speedup"] = table.model.map(fp32.gpu_latency_s) / table.gpu_latency_s
     table["accuracy_drop"] = table.model.map(fp32.test_accuracy) - table.test_accuracy
-    table["not run because"] = table.reason.map(lambda r: r.split(";")[0] if isinstance(r, str) else None)
+    # the first clause of the reason; with a GPU, of each device's ("CPU: ...; GPU: ...")
+    table["not run because"] = table.reason.map(lambda r: (r if r.startswith("CPU: ") or r.startswith("GPU: ")
+                                                           else r.split(";")[0]) if isinstance(r, str) else None)
     return table
 
 
