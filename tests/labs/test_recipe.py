@@ -175,7 +175,8 @@ def test_broken_configs_and_the_panel(base):
         lab.broken(base, "slow")
     cfg = lab.panel_config(base)
     assert cfg.quantize == "int8_static" and cfg.freeze == "medium" and cfg.batch_size == 256
-    run = lab.panel_run(lab.panel_config(base).replace(batch_size=64))
+    with labkit.machine.described("cpu_avx2"):  # precision "auto": fp32 where bf16 would be emulated
+        run = lab.panel_run(lab.panel_config(base).replace(batch_size=64))
     assert run.model_size_bytes < 0.4 * 1.2e6 and 0 <= run.accuracy <= 1 and "int8_static" in str(run)
     assert run.setting == "bs64 fp32 ckpt 8bit freeze medium int8_static" and run.to_row()["setting"] == run.setting
 
@@ -185,3 +186,22 @@ def test_summary_finding_names_a_time_saving_only_beyond_the_runs_spread():
                           "time_ratio": [0.4, 0.8], "time_beyond_spread": [False, True],
                           "memory_ratio": [1.0, 0.5], "size_ratio": [1.0, 1.0]})
     assert lab.summary_finding(frame) == "Most saved here, time: 05 freezing (0.80x); peak memory: 05 freezing (0.50x)."
+
+
+def test_a_gpu_profile_counts_each_kernel_once():
+    from types import SimpleNamespace
+
+    import torch
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(key, kind, self_us):
+        return SimpleNamespace(key=key, count=1, device_type=kind, self_device_time_total=self_us,
+                               device_time_total=self_us, self_cpu_time_total=5.0, cpu_time_total=5.0)
+
+    events = [event("aten::mm", cpu, 300.0), event("sm80_xmma_gemm_f32f32", cuda, 300.0),
+              event("aten::relu", cpu, 100.0), event("void elementwise_kernel", cuda, 100.0)]
+    rows = lab.operator_rows(events, on_gpu=True)  # the kernels' rows repeat their operators' device time
+    assert [r["operator"] for r in rows] == ["aten::mm", "aten::relu"]
+    assert sum(r["self_ms"] for r in rows) == pytest.approx(0.4)
+    assert len(lab.operator_rows(events, on_gpu=False)) == 4  # a CPU profile has no kernel rows to drop

@@ -16,6 +16,7 @@ from .profiler import (
     kinds_frame,
     kinds_table,
     op_kind,
+    operator_rows,
     profile_finding,
     profile_pair,
     profile_step,
@@ -50,7 +51,8 @@ from .summary import SUMMARY_COLUMNS, Technique, cached_runs, reference_rows, su
 __all__ = [
     "ALONE", "BROKEN", "CASTS", "GIVEN", "HANG", "MEASURED", "OP_KINDS", "OWN_STACK", "PROFILE_TOP", "RECIPE_PATH",
     "STAGE_COLUMNS", "SUMMARY_COLUMNS", "ProfiledStep", "Recipe", "RecipeRun", "Stage", "Technique", "broken",
-    "cached_runs", "changes_nothing", "kinds_frame", "kinds_table", "measured_order", "op_kind", "order_finding",
+    "cached_runs", "changes_nothing", "kinds_frame", "kinds_table", "measured_order", "op_kind", "operator_rows",
+    "order_finding",
     "own_stack_numbers", "panel_config", "panel_run", "profile_finding", "profile_pair", "profile_step",
     "profiler_precision", "quiet_native_output", "recipe_finding", "recipe_stages", "reference_rows",
     "stacked_configs", "stacked_memory_ratio", "stage_chart_frame", "stage_table", "staged", "summary",

@@ -124,12 +124,8 @@ def profile_step(cfg: RunConfig, precision: str | None = None, warmup_steps: int
         trainer.step(images, labels)
         timer.stop()
         measure.synchronize(device)
-    events = prof.key_averages()
-    on_gpu = device.type == "cuda"
-    rows = [{"operator": e.key, "calls": e.count,
-             "self_ms": (e.self_device_time_total if on_gpu else e.self_cpu_time_total) / 1e3,
-             "total_ms": (e.device_time_total if on_gpu else e.cpu_time_total) / 1e3} for e in events]
-    ops = pd.DataFrame(rows)
+    ops = pd.DataFrame(operator_rows(prof.key_averages(), device.type == "cuda"),
+                       columns=["operator", "calls", "self_ms", "total_ms"])
     ops = ops[ops.self_ms > 0].sort_values("self_ms", ascending=False)
     ops["share"] = ops.self_ms / ops.self_ms.sum()
     ops["kind"] = ops.operator.map(op_kind)
@@ -141,6 +137,22 @@ def profile_step(cfg: RunConfig, precision: str | None = None, warmup_steps: int
     return ProfiledStep(trainer.precision.name, ops.head(top).reset_index(drop=True),
                         kinds.sort_values("self_ms", ascending=False).reset_index(drop=True),
                         timer.times_s()[0], trace, device.type)
+
+
+def operator_rows(events, on_gpu: bool) -> list[dict]:
+    """One row per operator (``operator``, ``calls``, ``self_ms``, ``total_ms``) from ``prof.key_averages()``.
+
+    On a GPU the time is the device's, read from the operators' rows only: the profiler also lists each kernel
+    as a row of its own, whose time is already its operator's self device time (counted twice otherwise).
+
+    Args:
+        events: the profiler's averaged events. on_gpu: the step ran on a CUDA device.
+    """
+    if on_gpu:
+        events = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]  # operators, not kernels
+    return [{"operator": e.key, "calls": e.count,
+             "self_ms": (e.self_device_time_total if on_gpu else e.self_cpu_time_total) / 1e3,
+             "total_ms": (e.device_time_total if on_gpu else e.cpu_time_total) / 1e3} for e in events]
 
 
 def trace_folder() -> Path:
