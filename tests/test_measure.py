@@ -155,3 +155,29 @@ def test_inference_peak_accepts_frozen_parameters():
     frozen = measure.inference_peak_bytes(model, torch.randn(8, 16))
     model[0].requires_grad_(True)
     assert frozen == measure.inference_peak_bytes(model, torch.randn(8, 16))
+
+
+def test_tensor_bytes_counts_each_storage_once_and_what_quantized_weights_carry():
+    model = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Linear(64, 64))
+    model[2].weight = model[0].weight  # tied: one storage
+    expected = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    assert measure.tensor_bytes(model, "cpu") == expected
+    assert measure.tensor_bytes(model, "meta") == 0  # nothing of it on another device
+    bnb = pytest.importorskip("bitsandbytes")
+    layer = bnb.nn.Linear4bit(64, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4")
+    layer.weight = bnb.nn.Params4bit(torch.randn(64, 64), requires_grad=False, quant_type="nf4")
+    layer = layer.to("cpu")  # quantizes
+    packed = layer.weight.untyped_storage().nbytes()
+    assert packed == 64 * 64 // 2 and measure.tensor_bytes(layer, "cpu") > packed  # + the absmax scales
+
+
+def test_a_model_handed_in_on_the_device_counts_as_the_runs_own(monkeypatch):
+    import labkit
+    from labkit import train
+
+    cfg = labkit.RunConfig(model="small_cnn", dataset="shapes10", batch_size=8, max_steps=6, train_size=64,
+                           device="cpu")
+    model = labkit.models.build("small_cnn", 10, pretrained=False)[0]
+    held = 5_000_000  # what earlier runs and a notebook's tensors hold, plus this model: allocated before the run
+    monkeypatch.setattr(measure, "allocated_now", lambda device: held + measure.tensor_bytes(model, device))
+    assert train.Trainer(cfg, model=model).baseline_bytes == held  # so its weights count in the run's peak

@@ -154,18 +154,18 @@ class Trainer:
             torch.cuda.set_device(self.device)  # CUDA events and synchronise act on the current device
         set_tf32(cfg.tf32)  # before the report, so that the recorded TF32 state is this run's
         self.env = env_report(cfg.device)
-        capability = torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None
-        self.precision = resolve_precision(cfg.precision, self.device, capability)
+        self.precision = resolve_precision(cfg.precision, self.device)
         self.warnings: list[str] = []
         if self.precision.warning:
             note(self.precision.warning)
             self.warnings.append(self.precision.warning)
         # Memory already held on the GPU before this run (earlier runs' models, a notebook's tensors, the
-        # cuBLAS workspace every process allocates once) is not this run's: peaks are reported above this
-        # baseline.
+        # cuBLAS workspaces every process allocates once) is not this run's: peaks are reported above this
+        # baseline. A model handed in already on the GPU is the run's own: its tensors come off the baseline.
         measure.warm_up_libraries(self.device)
         measure.reset_memory(self.device)
         self.baseline_bytes = measure.allocated_now(self.device)
+        self.baseline_reserved_bytes = measure.reserved_now(self.device)
 
         self.splits = run_splits(cfg, self.profile)
         self.train_split = self.splits["train"]
@@ -175,6 +175,7 @@ class Trainer:
             model, self.weights = models.build(cfg.model, self.train_split.num_classes, pretrained=cfg.pretrained)
         else:
             self.weights = _given_weights(model, cfg)
+            self.baseline_bytes = max(0, self.baseline_bytes - measure.tensor_bytes(model, self.device))
         self.rank_batch = cfg.batch_size // self.world_size  # samples each rank takes per optimizer step
         micro_batch = self.rank_batch // cfg.grad_accum
         if micro_batch < 2 and models.has_batchnorm(model):
@@ -343,6 +344,8 @@ class Trainer:
         mine = {"rank": distributed.rank(), "step_time_s": result.step_time_s, "train_time_s": result.train_time_s,
                 "peak_memory_bytes": result.peak_memory_bytes, "weights_sha256": distributed.weights_sha256(
                     models.unwrap(self.model)), "allreduces_per_step": reduces,
+                **{f"{part}_sha256": distributed.weights_sha256(models.unwrap(self.model), part)
+                   for part in ("parameters", "buffers")},
                 "samples_per_step": self.rank_batch, "device": str(self.device),
                 "parameter_bytes": sum(distributed.local_numel(p) * p.element_size() for p in self.model.parameters()),
                 "optimizer_state_bytes": sum(distributed.local_numel(t) * t.element_size()
@@ -361,7 +364,7 @@ class Trainer:
         median, p10, p90 = measure.spread(times)
         if device.type == "cuda":
             peak, reserved = measure.cuda_peak_memory(device)
-            peak, reserved = max(0, peak - self.baseline_bytes), max(0, reserved - self.baseline_bytes)
+            peak, reserved = max(0, peak - self.baseline_bytes), max(0, reserved - self.baseline_reserved_bytes)
         else:
             peak, reserved = breakdown.total_peak_bytes, None
         accuracy = (evaluate(self.model, self.splits["test"], cfg, device, self.precision, shard=self.strategy == "ddp")

@@ -101,3 +101,20 @@ def test_out_of_memory_recognition():
     assert oom_backoff.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to ..."))
     assert not oom_backoff.is_out_of_memory(RuntimeError("shape mismatch"))
     assert not oom_backoff.is_out_of_memory(ValueError("out of memory"))
+
+
+@pytest.mark.parametrize("message", [
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input.",
+    "Expected canUse32BitIndexMath(input) && canUse32BitIndexMath(output) to be true, but got false.",
+    "CUDA error: invalid configuration argument",
+])
+def test_a_library_size_limit_on_a_large_gpu_backs_off_like_out_of_memory(message):
+    assert oom_backoff.is_out_of_memory(RuntimeError(message))
+
+    def fits(size):  # an H200 does not run out of memory at 4096 samples; cuBLAS gives up first
+        if size > 1000:
+            raise RuntimeError(message)
+        return True
+
+    assert search_batch_size(fits, start=256, limit=4096).best == 1000

@@ -15,6 +15,8 @@ from .memory import (
     inference_peak_bytes,
     new_micro_batch,
     optimizer_state_bytes,
+    reserved_now,
+    tensor_bytes,
     track_step_memory,
 )
 from .timing import (
@@ -34,5 +36,5 @@ from .timing import (
 __all__ = ["Latency", "MemoryBreakdown", "PEAK_FLOPS", "StepTimer", "TimingPitfalls", "accuracy_noise",
            "allocated_now", "count_flops", "count_parameters", "cuda_peak_memory", "inference_peak_bytes",
            "measure_latency", "model_size_bytes", "new_micro_batch", "optimizer_state_bytes", "peak_flops",
-           "reset_memory", "reset_peak", "separated", "spread", "synchronize", "timing_pitfalls", "track_step_memory",
-           "warm_up_libraries"]
+           "reserved_now", "reset_memory", "reset_peak", "separated", "spread", "synchronize", "tensor_bytes",
+           "timing_pitfalls", "track_step_memory", "warm_up_libraries"]

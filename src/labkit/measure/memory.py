@@ -237,6 +237,42 @@ def allocated_now(device: torch.device) -> int:
     return int(torch.cuda.memory_allocated(device)) if torch.device(device).type == "cuda" else 0
 
 
+def reserved_now(device: torch.device) -> int:
+    """Bytes the CUDA caching allocator holds on a device right now (0 on CPU)."""
+    return int(torch.cuda.memory_reserved(device)) if torch.device(device).type == "cuda" else 0
+
+
+def _attached(value, depth: int = 2):
+    """Tensors a quantized weight carries as attributes: bitsandbytes' ``quant_state`` (absmax, nested), ``SCB``."""
+    if depth < 0 or not hasattr(value, "__dict__"):
+        return
+    for item in vars(value).values():
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif type(item).__name__ == "QuantState":
+            yield from _attached(item, depth - 1)
+
+
+def tensor_bytes(model: torch.nn.Module, device: torch.device | str) -> int:
+    """Bytes of ``model``'s own tensors on ``device``: parameters, buffers and what quantized weights carry.
+
+    Each storage counted once (tied weights share one). A run's peak counts these whatever device the model
+    started on: read before the model moved, the memory already there is not the run's, but its model is.
+
+    Args:
+        model: any module. device: where to count.
+    """
+    device, seen, total = torch.device(device), set(), 0
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [t for p in model.parameters() for t in _attached(p)]
+    for tensor in tensors:
+        if not _same_device(tensor.device, device) or tensor.untyped_storage().data_ptr() in seen:
+            continue
+        seen.add(tensor.untyped_storage().data_ptr())
+        total += tensor.untyped_storage().nbytes()
+    return total
+
+
 def cuda_peak_memory(device: torch.device) -> tuple[int, int]:
     """(max_memory_allocated, max_memory_reserved) since the last `reset_memory`."""
     return int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device))

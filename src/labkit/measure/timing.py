@@ -112,7 +112,7 @@ _LIBRARIES_READY: set = set()
 
 
 def warm_up_libraries(device: torch.device) -> None:
-    """Have cuBLAS/cuBLASLt allocate their workspaces now, once per GPU and process.
+    """Have cuBLAS/cuBLASLt allocate their workspaces now (forward and backward threads), once per GPU and process.
 
     The first matrix multiply on a GPU allocates a workspace (several MiB, more on Hopper) that stays
     allocated for the life of the process. Read before it, a run's baseline would miss it and the
@@ -126,9 +126,11 @@ def warm_up_libraries(device: torch.device) -> None:
         return
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         try:
-            a = torch.ones(16, 16, device=device, dtype=dtype)
-            torch.nn.functional.linear(a, a, a[0])  # addmm: the cuBLASLt path
-            a @ a  # mm: the cuBLAS path
+            a = torch.ones(16, 16, device=device, dtype=dtype, requires_grad=True)
+            out = torch.nn.functional.linear(a, a, a[0]) @ a  # addmm (cuBLASLt), then mm (cuBLAS)
+            # autograd runs the backward on a thread of its own, and cuBLAS keeps a workspace per thread:
+            # warm that one up too, or a process's first fit counts it as its own.
+            out.sum().backward()
         except RuntimeError:  # e.g. bf16 GEMMs on a GPU without bf16 support
             pass
     torch.cuda.synchronize(device)

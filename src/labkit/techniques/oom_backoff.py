@@ -7,8 +7,8 @@ that runs a real training step (the idea of accelerate's ``find_executable_batch
 The search doubles from ``start`` until a size fails or ``limit`` is reached (``limit`` itself is tried), then
 bisects between the last size that fit and the first that failed to the exact largest one. If ``start`` fails,
 it bisects between ``minimum - 1`` and ``start``. It assumes that a size fits when any larger one does (memory
-grows with the batch). An out-of-memory error from ``fits`` (see `is_out_of_memory`) counts as "does not fit":
-memory is freed and the search backs off. Any other error propagates.
+grows with the batch). An out-of-memory error from ``fits``, or a library's size limit (see `is_out_of_memory`),
+counts as "does not fit": memory is freed and the search backs off. Any other error propagates.
 """
 
 from __future__ import annotations
@@ -68,16 +68,25 @@ class BatchSearch:
         return frame
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """True for an out-of-memory error, whether torch's, a CPU allocator's or Python's.
+# What a GPU library says when a batch is too large for it without an out-of-memory error: cuBLAS or cuDNN could
+# not allocate their workspace, a kernel indexes with 32 bits (2**31 elements at most), a launch has too many
+# blocks. On a large GPU (an H200's 139 GiB) a search reaches these before it runs out of memory.
+TOO_LARGE = ("out of memory", "can't allocate memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+             "cudnn_status_not_supported", "32-bit index", "32bitindexmath", "invalid configuration argument",
+             "input tensor must fit into 32-bit")
 
-    That is ``torch.OutOfMemoryError``, a RuntimeError saying "out of memory" (older CUDA builds) or "can't
-    allocate memory" (the CPU allocator), or a ``MemoryError``.
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for an error that means "this batch is too large here": out of memory, or a size limit of a library.
+
+    That is ``torch.OutOfMemoryError``, a ``MemoryError``, or a RuntimeError saying "out of memory" (older CUDA
+    builds), "can't allocate memory" (the CPU allocator), or a size limit of cuBLAS, cuDNN or a 32-bit-indexed
+    kernel (`TOO_LARGE`). Any other error is a bug to see, not a size to back off from.
     """
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     message = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+    return isinstance(exc, RuntimeError) and any(text in message for text in TOO_LARGE)
 
 
 def free_memory() -> None:
