@@ -11,7 +11,7 @@
 #    merging; and what goes wrong in a commonly copied blog version;
 # 2. `add_lora` by layer names, checked against PEFT and against the paper's 294,912 for RoBERTa-base;
 # 3. rank 1 to 64 on the attention projection and on every Linear layer against full fine-tuning and head-only;
-# 4. QLoRA's 4-bit NF4 base against a bf16 base; merged against unmerged inference.
+# 4. QLoRA's 4-bit NF4 base against a 16-bit base; merged against unmerged inference.
 #
 # **What you need:** notebook 05 (freezing) helps; notebook 06 introduced NF4. A CPU runs every section, but
 # there QLoRA's step time (section 5) is only noise (bitsandbytes' CPU path is a fallback) and the sweep's
@@ -244,21 +244,22 @@ axes = plots.lines(lab.sweep_chart_frame(frame), x="rank", hue="targets", logx=T
 #
 # ## 5. QLoRA: a 4-bit base
 # QLoRA trains bf16 adapters over a frozen 4-bit NormalFloat base (bitsandbytes' `Linear4bit`, notebook 06).
-# Here: LoRA on every Linear, rank 8, over a bf16 and an NF4 base in bf16 autocast, for half the sweep's steps.
+# Here: LoRA on every Linear, rank 8, over a 16-bit and an NF4 base in 16-bit autocast (bf16; fp16 on a T4, whose
+# bf16 is emulated), for half the sweep's steps.
 # A third run keeps bitsandbytes' layers as shipped: they return their *input's* dtype, float32 after a
 # LayerNorm under autocast, where a bf16 model (what QLoRA loads) passes bf16 on.
 #
 # **Predict first.** By what factor will the peak training memory fall with the 4-bit base?
 
 # %%
-guess_qlora_peak = None  # YOUR GUESS: peak memory with NF4 base / with bf16 base, e.g. 0.5
+guess_qlora_peak = None  # YOUR GUESS: peak memory with NF4 base / with 16-bit base, e.g. 0.5
 
 # %%
-qlora = lab.qlora_comparison(cfg, rank=8)  # LoRA on a bf16 base, an NF4 base (QLoRA), NF4 as shipped
+qlora = lab.qlora_comparison(cfg, rank=8)  # LoRA on a 16-bit base, an NF4 base (QLoRA), NF4 as shipped
 print(lab.qlora_finding(qlora))
 if qlora.error.isna().all():
     peaks = qlora.set_index("setup").peak_memory_bytes
-    print(guesses.versus(guess_qlora_peak, peaks.iloc[1] / peaks.iloc[0], "peak NF4 / peak bf16"))
+    print(guesses.versus(guess_qlora_peak, peaks.iloc[1] / peaks.iloc[0], "peak NF4 / peak 16-bit"))
 display.table(qlora, ["setup", "base_weight_bytes", "mem_activations_bytes", "peak_memory_bytes", "step_time_s",
                       "accuracy"])
 

@@ -125,7 +125,7 @@ def test_07s_equivalence_check_allows_gpu_drift_after_the_first_steps():
 def test_08s_qlora_check_holds_where_nf4_does_not_run_and_catches_a_wrong_share():
     check = cell_with("08_lora.ipynb", "its frozen weights take about a quarter of bf16's")
     reason = "bitsandbytes is not installed (pip install bitsandbytes)"
-    refused = pd.DataFrame({"setup": ["bf16 base", "NF4 base (QLoRA)", "NF4 base, float32 out"],
+    refused = pd.DataFrame({"setup": ["16-bit base", "NF4 base (QLoRA)", "NF4 base, float32 out"],
                             "error": [None, reason, reason], "base_weight_bytes": [1_048_576, np.nan, np.nan],
                             "num_trainable_params": [99_850, np.nan, np.nan]})
     exec(check, {"qlora": refused})

@@ -4,7 +4,7 @@
 - `counts`: trainable parameters per rank and targets; the LoRA paper's 294,912; `peft_comparison` against PEFT.
 - `sweep`: `rank_sweep`, rank 1-64 on ``qkv`` and on every Linear layer against full fine-tuning and head-only.
 - `transformer`: a transformers model fine-tuned with PEFT (a hub model at ``full`` online, a local one otherwise).
-- `qlora`: the base in 4-bit NF4 (bitsandbytes) against a bf16 base, LoRA on both.
+- `qlora`: the base in 4-bit NF4 (bitsandbytes) against a 16-bit base, LoRA on both.
 - `merge`: merged against unmerged inference; `panel`: the panel's run.
 
 The mechanism is in `labkit.techniques.lora`. PEFT and transformers (the ``lora`` extra) are imported only by the
@@ -29,6 +29,7 @@ from .layer import BlogLoRALayer, blog_snippet, blog_snippet_problems
 from .merge import LATENCY_BATCH, merge_comparison, merge_finding
 from .panel import LoRARun, panel_config, panel_run
 from .qlora import (
+    BASE16,
     NF4,
     NF4_BITS,
     NF4_FLOAT32,
@@ -52,7 +53,8 @@ from .transformer import (
 )
 
 __all__ = [
-    "ALPHA", "ATTENTION", "HUB_MODEL", "LATENCY_BATCH", "LORA_LR", "MERGE_RANK", "NF4", "NF4_BITS", "NF4_FLOAT32",
+    "ALPHA", "ATTENTION", "BASE16", "HUB_MODEL", "LATENCY_BATCH", "LORA_LR", "MERGE_RANK", "NF4", "NF4_BITS",
+    "NF4_FLOAT32",
     "PAPER", "QLORA_COLUMNS", "QLORA_STEP_SHARE", "RANKS", "SMALL_VIT", "TARGETS", "TRANSFORMER_STEPS", "VIT",
     "BlogLoRALayer", "LoRARun", "attention_targets", "blog_snippet", "blog_snippet_problems", "copy_adapters",
     "library_versions", "load_transformer", "lora_config", "merge_comparison", "merge_finding", "own_count_numbers",

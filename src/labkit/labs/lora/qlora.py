@@ -1,8 +1,9 @@
-"""Section 6 of notebook 08: QLoRA, LoRA over a 4-bit NF4 base (bitsandbytes' ``Linear4bit``) against a bf16 base.
+"""Section 6 of notebook 08: QLoRA, LoRA over a 4-bit NF4 base (bitsandbytes' ``Linear4bit``) against a 16-bit base.
 
-Three setups fine-tune LoRA on every Linear layer in bf16 autocast: a bf16 base; an NF4 base computing in bf16
-and passing bf16 on, as a bf16 model does (QLoRA); and the same NF4 layers as bitsandbytes ships them, which
-return their input's dtype (float32 after a LayerNorm under autocast).
+Three setups fine-tune LoRA on every Linear layer in 16-bit autocast (bf16; fp16 on a GPU without native bf16,
+`qlora_dtypes`): a 16-bit base; an NF4 base computing in 16 bits and passing them on, as a 16-bit model does
+(QLoRA); and the same NF4 layers as bitsandbytes ships them, which return their input's dtype (float32 after a
+LayerNorm under autocast).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ... import models, results, train
+from ... import machine, models, results, train
 from ...config import RunConfig
 from ...env import profile, resolve_device
 from ...messages import worded
@@ -54,27 +55,48 @@ NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 NF4_FLOAT32 = "NF4 base, float32 out"
 
 
-def _bf16_out(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
-    return output.to(torch.bfloat16)
+BASE16 = "16-bit base"
+
+
+def qlora_dtypes(device: torch.device) -> tuple[torch.dtype, torch.dtype, str]:
+    """The 16-bit dtype of the base and NF4's compute, the adapters' dtype, and the run's precision.
+
+    bf16 where it is native (Ampere+, and on a CPU, where autocast supports it best); fp16 on a GPU without
+    native bf16 (a T4 would emulate bf16), with float32 adapters: a GradScaler cannot unscale fp16 gradients.
+
+    Args:
+        device: where the fine-tune runs.
+    """
+    if torch.device(device).type == "cuda" and not machine.here().bf16_native:
+        return torch.float16, torch.float32, "fp16"
+    return torch.bfloat16, torch.bfloat16, "bf16"
+
+
+def _cast_out(dtype: torch.dtype):
+    def hook(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
+        return output.to(dtype)
+
+    return hook
 
 
 def qlora_models(cfg: RunConfig, rank: int = 8) -> dict[str, nn.Module | str]:
-    """LoRA (``all-linear``, adapters in bf16) on three copies of the pretrained model, by setup name.
+    """LoRA (``all-linear``) on three copies of the pretrained model, by setup name.
 
     Args:
         cfg: the workload. rank: the LoRA rank.
 
     Returns:
-        dict: ``bf16 base`` (bf16 Linear layers), `NF4` (QLoRA: ``Linear4bit`` computing in bf16 and passing bf16
-        on) and `NF4_FLOAT32` (the same layers as shipped, returning their input's dtype). Where NF4 cannot run,
-        its value is the reason.
+        dict: `BASE16` (16-bit Linear layers, `qlora_dtypes`), `NF4` (QLoRA: ``Linear4bit`` computing in 16 bits
+        and passing them on) and `NF4_FLOAT32` (the same layers as shipped, returning their input's dtype). Where
+        NF4 cannot run, its value is the reason.
     """
     device = resolve_device(cfg.device)
+    half, adapters, _ = qlora_dtypes(device)
     model = fresh_model(cfg, pretrained=True)
-    bf16 = copy.deepcopy(model)
-    for name in matching_linears(bf16, ALL_LINEAR):
-        bf16.get_submodule(name).to(torch.bfloat16)
-    built = {"bf16 base": add_lora(bf16, rank, ALPHA, ALL_LINEAR, dtype=torch.bfloat16).to(device)}
+    base = copy.deepcopy(model)
+    for name in matching_linears(base, ALL_LINEAR):
+        base.get_submodule(name).to(half)
+    built = {BASE16: add_lora(base, rank, ALPHA, ALL_LINEAR, dtype=adapters).to(device)}
     reason = quantization.supported("nf4_bnb", device)
     head = [name for name, m in model.named_modules() if m is models.named_stages(model)[-1][1]]
     for setup in (NF4, NF4_FLOAT32):
@@ -83,16 +105,16 @@ def qlora_models(cfg: RunConfig, rank: int = 8) -> dict[str, nn.Module | str]:
             continue
         nf4 = quantization.quantize(model.to(device), "nf4_bnb", keep_float=head)
         for layer in nf4.modules():
-            if hasattr(layer, "compute_dtype"):  # QLoRA computes in bf16 (labkit's quantize picks float32 on a CPU)
-                layer.compute_dtype = torch.bfloat16
+            if hasattr(layer, "compute_dtype"):  # QLoRA computes in 16 bits (labkit's quantize picks float32 on a CPU)
+                layer.compute_dtype = half
                 if setup == NF4:
-                    layer.register_forward_hook(_bf16_out)
-        built[setup] = add_lora(nf4, rank, ALPHA, ALL_LINEAR, dtype=torch.bfloat16)
+                    layer.register_forward_hook(_cast_out(half))
+        built[setup] = add_lora(nf4, rank, ALPHA, ALL_LINEAR, dtype=adapters)
     return built
 
 
 def qlora_comparison(cfg: RunConfig, rank: int = 8, refresh: bool = False) -> pd.DataFrame:
-    """Fine-tune LoRA on each of `qlora_models` in bf16 autocast, for `QLORA_STEP_SHARE` of the steps (cached).
+    """Fine-tune LoRA on each of `qlora_models` in 16-bit autocast, for `QLORA_STEP_SHARE` of the steps (cached).
 
     Args:
         cfg: the workload. rank: the LoRA rank. refresh: run again.
@@ -104,7 +126,7 @@ def qlora_comparison(cfg: RunConfig, rank: int = 8, refresh: bool = False) -> pd
     prof = profile()
     fewest = prof.warmup_steps + train.PROFILING_STEPS + 2  # a few timed steps after the untimed ones
     steps = max(fewest, math.ceil((cfg.max_steps or prof.max_steps) * QLORA_STEP_SHARE))
-    run_cfg = cfg.replace(precision="bf16", lr=LORA_LR, max_steps=steps, epochs=1)
+    run_cfg = cfg.replace(precision=qlora_dtypes(resolve_device(cfg.device))[2], lr=LORA_LR, max_steps=steps, epochs=1)
     return results.cached_frame("lora-qlora", [run_cfg], lambda: _qlora_frame(run_cfg, rank),
                                 refresh=refresh, rank=rank)
 
@@ -139,15 +161,15 @@ def qlora_finding(frame: pd.DataFrame) -> str:
         frame: `qlora_comparison`'s.
     """
     rows = frame.set_index("setup")
-    bf16, nf4, shipped = rows.loc["bf16 base"], rows.loc[NF4], rows.loc[NF4_FLOAT32]
+    bf16, nf4, shipped = rows.loc[BASE16], rows.loc[NF4], rows.loc[NF4_FLOAT32]
     if isinstance(nf4.get("error"), str) and nf4.get("error"):
-        return f"QLoRA did not run here: {nf4.error}. The bf16 base alone: peak {mib(bf16.peak_memory_bytes)}."
+        return f"QLoRA did not run here: {nf4.error}. The 16-bit base alone: peak {mib(bf16.peak_memory_bytes)}."
     peak = nf4.peak_memory_bytes / bf16.peak_memory_bytes
     saved = bf16.peak_memory_bytes - nf4.peak_memory_bytes
     share_of_peak = (bf16.base_weight_bytes - nf4.base_weight_bytes) / bf16.peak_memory_bytes
     verdict = (f"the weights saved were {share_of_peak:.0%} of the peak" if saved > 0 else
                "no saving: the weights are a small part of this peak")
-    return (f"NF4 weights {nf4.base_weight_bytes / bf16.base_weight_bytes:.0%} of bf16's "
+    return (f"NF4 weights {nf4.base_weight_bytes / bf16.base_weight_bytes:.0%} of the 16-bit base's "
             f"({mib(bf16.base_weight_bytes)} -> {mib(nf4.base_weight_bytes)}); peak {mib(bf16.peak_memory_bytes)} -> "
             f"{mib(nf4.peak_memory_bytes)} ({peak:.2f}x): {verdict}; as shipped (float32 out) the activations are "
             f"{shipped.mem_activations_bytes / nf4.mem_activations_bytes:.2f}x QLoRA's.")
