@@ -65,14 +65,13 @@ print(f"fp16 of 70000 (above its largest value, 65504): {torch.tensor(70000.0).h
 # The whole technique in plain PyTorch. The gradients must be **unscaled before clipping** (clipping the scaled
 # ones would clip the true gradients at `max_norm / s`), and `scaler.step` replaces `optimizer.step` (skipping
 # it when a gradient overflowed). For bf16, pass `dtype=torch.bfloat16` and a pass-through
-# `GradScaler(enabled=False)`.
+# `torch.amp.GradScaler(enabled=False)`.
 
 # %%
 import torch.nn.functional as F
 
-
 def amp_step(model, images, labels, optimizer, scaler, dtype=torch.float16, max_norm=1.0):
-    with torch.autocast(images.device.type, dtype=dtype):  # matmuls and convolutions in 16 bits
+    with torch.amp.autocast(images.device.type, dtype=dtype):  # matmuls and convolutions in 16 bits
         loss = F.cross_entropy(model(images), labels)
     scaler.scale(loss).backward()  # backward of loss x s: small gradients survive fp16
     scaler.unscale_(optimizer)  # gradients / s, in place, before clipping them
@@ -81,6 +80,8 @@ def amp_step(model, images, labels, optimizer, scaler, dtype=torch.float16, max_
     scaler.update()  # halve s after an overflow, double it after a clean stretch
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
+
+scaler = torch.amp.GradScaler(ENV["device"])  # once, before the loop: torch.amp.GradScaler("cuda") on a GPU
 
 
 # %% [markdown]
@@ -101,12 +102,15 @@ for name in dict.fromkeys(["fp16", LOW]):
 # in every run (`RunConfig(tf32=...)`):
 
 # %%
-torch.backends.cuda.matmul.allow_tf32 = False  # float32 matmuls: full float32 (True: TF32 on Ampere+)
-torch.backends.cudnn.allow_tf32 = False  # cuDNN convolutions: PyTorch's default is True
-print(labkit.env.tf32_state())  # labkit.env.set_tf32(False) sets exactly these two
+if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch 2.9+: the current API ("tf32" or "ieee")
+    torch.backends.cuda.matmul.fp32_precision = "ieee"  # float32 matmuls in full float32 ("tf32": TF32 on Ampere+)
+    torch.backends.cudnn.conv.fp32_precision = "ieee"  # cuDNN convolutions: PyTorch's default is TF32
+else:  # torch 2.5-2.8: the older switches
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+print(labkit.env.tf32_state())  # labkit.env.set_tf32(False) leaves the same state
 
 # %% jupyter={"source_hidden": true} tags=["check"]
-# check: the two flags set by hand are the state labkit.env.set_tf32 leaves
+# check: the two switches set by hand are the state labkit.env.set_tf32 leaves
 plain = labkit.env.tf32_state()  # after the two assignments above
 labkit.env.set_tf32(True)
 assert labkit.env.tf32_state() == {"matmul": True, "conv": True}
