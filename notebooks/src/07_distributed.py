@@ -57,17 +57,25 @@ dp.table()  # nothing without two GPUs
 
 # %%
 # %%writefile ddp_plain.py
+import os
 import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 from labkit.data import make_loader
-from labkit.labs.distributed import plain_finish, plain_setup
+from labkit.labs.distributed import plain_exit, plain_setup, plain_summary, plain_write
 
-dist.init_process_group("gloo")  # joins the other ranks; rank and world size come from torchrun's variables
-cfg, split, model, to_input = plain_setup(sys.argv[1])  # config, data and model, as labkit's fit builds them
-model = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights to every rank
+# %%
+# %%writefile -a ddp_plain.py
+local_rank = int(os.environ["LOCAL_RANK"])  # this process's index on its machine, set by torchrun
+gpu = torch.cuda.is_available()  # one GPU per process (--nproc_per_node = GPUs), else CPU processes
+device = torch.device("cuda", local_rank) if gpu else torch.device("cpu")
+if gpu:
+    torch.cuda.set_device(device)  # before the process group: NCCL binds each rank to its GPU
+dist.init_process_group("nccl" if gpu else "gloo")  # joins the other ranks (rank and world size from torchrun)
+cfg, split, model, to_input = plain_setup(sys.argv[1], device)  # config, data, model as labkit's fit builds them
+model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if gpu else None)
 sampler = DistributedSampler(range(len(split)), seed=cfg.seed, drop_last=True)  # this rank's share
 loader = make_loader(split, cfg.batch_size // dist.get_world_size(), shuffle=False, sampler=sampler, drop_last=True)
 
@@ -79,12 +87,19 @@ for step in range(cfg.max_steps):
         sampler.set_epoch(step // len(loader))
         batches = iter(loader)
     images, labels = next(batches)
-    loss = F.cross_entropy(model(to_input(images)), labels)
+    loss = F.cross_entropy(model(to_input(images)), labels.to(device))
     loss.backward()  # DDP all-reduces (averages) the gradients during the backward pass
     optimizer.step()
     optimizer.zero_grad()
     losses.append(loss.detach())
-plain_finish(losses, model, sys.argv[2])  # averages the losses over the ranks; only rank 0 writes; exits
+
+# %%
+# %%writefile -a ddp_plain.py
+summary = plain_summary(losses, model)  # every rank takes part: losses averaged over the ranks, weight digests
+if dist.get_rank() == 0:  # only rank 0 saves
+    plain_write(summary, sys.argv[2])
+dist.destroy_process_group()
+plain_exit()
 
 # %% [markdown]
 # `DistributedSampler` draws one permutation per epoch, the same on every rank (same seed), and gives rank r the
@@ -273,7 +288,14 @@ assert batchnorm or max(abs(a - b) for a, b in zip(ddp_row.losses[:10], fsdp_row
 # %% [markdown]
 # The activations are not sharded (gradient checkpointing helps there). FSDP pays in communication: the weights
 # travel every step; on GPUs that overlaps with compute when the blocks are large enough.
-#
+
+# %% [markdown]
+# Published figures for scale (data parallel scaling and ZeRO's sharding; measured elsewhere, not here):
+
+# %%
+display.table(labkit.results.published("07_distributed-*"))
+
+# %% [markdown]
 # ## 7. Your turn: the panel
 # Choose processes, bucket size, accumulation steps and steps, and press **Run**; each job adds bars for its
 # throughput and all-reduces per step. Each starts torchrun afresh: expect start-up seconds on top.

@@ -39,7 +39,7 @@ from .jobs import (
     workload,
 )
 from .panel import DistRun, panel_estimate, panel_run
-from .plain import mechanism_config, plain_finish, plain_setup, run_script
+from .plain import mechanism_config, plain_exit, plain_setup, plain_summary, plain_write, run_script
 from .scaling import accumulation_finding, bucket_finding, bucket_sweep, scaling, scaling_finding, world_sizes
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "Equivalence", "FaultDemo", "accumulation_finding", "bucket_finding", "bucket_sweep", "cpu_cores",
     "data_parallel_fit", "dp_vs_ddp", "equivalence", "fault_demo", "fsdp_comparison", "fsdp_finding", "fsdp_sizing",
     "job_row", "jobs_frame", "launch", "max_processes", "mechanism_config", "multi_node_commands", "panel_estimate",
-    "panel_run", "planned_steps", "plain_finish", "plain_setup", "run_script", "scaling", "scaling_finding",
-    "thread_budget", "threads_per_rank", "time_verdict", "uses_batch_statistics", "workload", "world_sizes",
+    "panel_run", "planned_steps", "plain_exit", "plain_setup", "plain_summary", "plain_write", "run_script",
+    "scaling", "scaling_finding", "thread_budget", "threads_per_rank", "time_verdict", "uses_batch_statistics",
+    "workload", "world_sizes",
 ]
