@@ -81,16 +81,20 @@ def _head_step(trainer: train.Trainer, features: torch.Tensor, labels: torch.Ten
     trainer.optimizer.zero_grad(set_to_none=True)
 
 
+def _rng_state(device: torch.device):
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_state(device: torch.device, state) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
 def _caching_record(cfg: RunConfig, epochs: int) -> dict:
     through = train.Trainer(cfg)
     device = through.device
-    times_through = []
-    for _ in range(epochs):
-        start = time.perf_counter()
-        for images, labels in through.loader:
-            through.step(images, labels)
-        times_through.append(_synchronized_time(device, start))
-
+    rng = {"through": _rng_state(device)}
     cached = train.Trainer(cfg)  # the same random seed: the same head to start from, the same batch order
     split = cached.train_split
     order = data.make_loader(split, batch_size=max(cfg.batch_size, 256), shuffle=False)
@@ -101,13 +105,28 @@ def _caching_record(cfg: RunConfig, epochs: int) -> dict:
     labels_all = split.labels.to(device)
     batches = BatchSampler(RandomSampler(range(len(split)), generator=torch.Generator().manual_seed(cfg.seed)),
                            cfg.batch_size, drop_last=True)  # the order the Trainer's loader draws
-    times_cached = []
-    for _ in range(epochs):
-        start = time.perf_counter()
+    rng["cached"] = _rng_state(device)
+
+    def through_epoch():
+        for images, labels in through.loader:
+            through.step(images, labels)
+
+    def cached_epoch():
         for indices in batches:
             index = torch.as_tensor(indices, device=device)
             _head_step(cached, features[index], labels_all[index])
-        times_cached.append(_synchronized_time(device, start))
+
+    # Epochs taken in turns, every other round in the other order, so that a busy spell of the machine slows both
+    # ways alike; each way keeps its own random state, as if it ran alone.
+    times = {"through": [], "cached": []}
+    for epoch in range(epochs):
+        for way in (("through", "cached") if epoch % 2 == 0 else ("cached", "through")):
+            _set_rng_state(device, rng[way])
+            start = time.perf_counter()
+            (through_epoch if way == "through" else cached_epoch)()
+            times[way].append(_synchronized_time(device, start))
+            rng[way] = _rng_state(device)
+    times_through, times_cached = times["through"], times["cached"]
 
     test = through.splits["test"]
     heads = [dict(models.named_stages(t.model))["head"] for t in (through, cached)]
