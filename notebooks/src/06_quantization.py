@@ -179,7 +179,14 @@ print(lab.api_finding(table))
 # %% [markdown]
 # In eager mode torchao quantizes activations in separate operations, `quantize_dynamic` in one fused kernel, so
 # either may win here; `torch.compile` fuses torchao's.
-#
+
+# %% [markdown]
+# Published figures for scale (int8 in PyTorch's blog and documentation; measured elsewhere, not here):
+
+# %%
+display.table(labkit.results.published("06_quantization-speedup*", "06_quantization-size*", "06_quantization-compute*"))
+
+# %% [markdown]
 # ## 3. Four popular claims, tested
 # Each circulates in tutorials and forums, usually from one model on one machine.
 #
@@ -215,9 +222,9 @@ print(stack)
 assert stack.fp16_input_error is not None and stack.int8_bytes < stack.fp16_bytes
 
 # %% [markdown]
-# They do not stack: int8 dynamic already stores the Linear weights in 1 byte and its kernels take float32
-# activations, so fp16 inputs fail in the int8 layers and fp32 inputs in the layers left in fp16. Choose one per
-# target.
+# With `torch.ao`'s int8 dynamic quantization they do not stack: it stores the Linear weights in 1 byte and its
+# kernels take float32 activations, so fp16 inputs fail in the int8 layers and fp32 inputs in the layers left in
+# fp16. That holds for this API, not in general: torchao's int8 weight-only layers run on a bf16 or fp16 model.
 #
 # ### 3.4 "Quantization costs no accuracy"
 # When accuracy falls, a few sensitive layers usually carry the loss: the first (it sees raw pixels), the last
@@ -350,7 +357,7 @@ panel
 # - Sizes are exact everywhere; speed depends on kernels: int8 on CPUs, fp16/bf16 on GPUs.
 # - int8 dynamic quantizes Linear layers only: a transformer shrinks to under a third, a CNN barely; static
 #   int8 and QAT quantize convolutions too.
-# - fp16 and int8 dynamic do not stack; choose one per target.
+# - fp16 and `torch.ao`'s int8 dynamic do not stack; torchao's weight-only int8 runs on a 16-bit model.
 # - When accuracy drops, keep the first, last and LayerNorm layers in float; QAT helps where PTQ loses.
 # - torchao's `quantize_` is the current API; `torch.ao.quantization` is deprecated.
 
