@@ -231,3 +231,26 @@ def test_cached_model_after_cached_fit_keeps_the_first_measurement(tiny_cfg, tmp
     model, again = results.cached_model(tiny_cfg, progress=False)
     assert again.step_time_s == first.step_time_s and again.step_times_s == first.step_times_s
     assert again.model is model and results.cached_fit(tiny_cfg, progress=False).step_time_s == first.step_time_s
+
+
+def test_every_technique_notebook_shows_at_least_two_published_rows():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "notebooks" / "src"
+    for number in range(1, 10):
+        source = next(root.glob(f"{number:02d}_*.py")).read_text()
+        calls = re.findall(r"results\.published\(([^)]*)\)", source)
+        patterns = [p for call in calls for p in re.findall(r'"([^"]+)"', call)]
+        patterns += re.findall(r'load_reference\("([^"]*published[^"]*)"\)', source)  # 01 charts its own
+        frame = results.published(*patterns) if patterns else None
+        assert frame is not None and len(frame) >= 2, f"notebook {number:02d} shows {calls}"
+        assert frame.source.str.contains("https://").all() and frame.setup.str.len().le(70).all()
+
+
+def test_published_rows_come_from_published_files_only(tmp_path):
+    with pytest.raises(ConfigError, match=r"pattern='nothing\*' is not allowed: a pattern that matches a file"):
+        results.published("nothing*")
+    frame = results.published("02_batch_size-warmup*")
+    assert list(frame.columns)[0] == "setup" and list(frame.columns)[-1] == "source"
+    assert frame.top1_error_pct.iloc[0] == 23.6  # Goyal et al. 2017, table 1: the batch-256 baseline

@@ -126,6 +126,12 @@ assert scaled[cfg.batch_size] == cfg.lr and scaled[8] == cfg.lr * 8 / cfg.batch_
 # rates. "No clear winner" means the differences lie within the test-set noise.
 
 # %% [markdown]
+# Published figures for scale (Goyal et al.'s warm-up study at batch 8,192; measured elsewhere, not here):
+
+# %%
+display.table(labkit.results.published("02_batch_size-warmup*"))
+
+# %% [markdown]
 # ## 4. Gradient accumulation
 # With `grad_accum=k`, labkit splits each batch of $B$ into $k$ micro-batches of $B/k$, runs forward and
 # backward on each, divides each loss by $k$ and steps the optimizer once. Gradients add up, so the

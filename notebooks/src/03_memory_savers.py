@@ -301,6 +301,12 @@ assert abs(by.accuracy["adamw8bit"] - by.accuracy["adamw"]) < 0.1
 # labkit refuses them rather than quietly running plain `adamw8bit`.
 
 # %% [markdown]
+# Published figures for scale (bytes per parameter, from ZeRO and the 8-bit optimizers paper; not measured here):
+
+# %%
+display.table(labkit.results.published("03_memory_savers-bytes*"))
+
+# %% [markdown]
 # ## 4. The staged view
 # Tutorials on memory-efficient training usually give an order of cost: mixed precision first (on a GPU
 # with tensor cores usually free or faster; on a CPU without native fp16/bf16 it can be slower, as

@@ -287,7 +287,14 @@ assert s.test_accuracy["pruned + recovery"] >= s.test_accuracy["pruned"] - noise
 # cheaply re-estimates those with a few forward passes (the third row); the recovery fine-tune fixes both.
 # The line says whether accuracy came back within the test split's noise, or how far below it stayed (more
 # steps or a smaller amount close the gap).
-#
+
+# %% [markdown]
+# Published figures for scale (pruning in the papers and 2:4 sparsity on an A100; measured elsewhere, not here):
+
+# %%
+display.table(labkit.results.published("04_pruning-params*", "04_pruning-semi*"))
+
+# %% [markdown]
 # ## 5. Did accuracy really rise?
 # The claim's rise was seen once. Light pruning zeroes weights that barely mattered, changing a handful of
 # predictions either way, within one run's noise. Repeating the fine-tune with other seeds, and pruning

@@ -261,7 +261,14 @@ assert sc.mem_optimizer_state_bytes["gradual unfreezing"] == sc.mem_optimizer_st
 # A gradual schedule is cheaper than full fine-tuning while stages are frozen; its memory (measured on one
 # extra step at its end) is the full fine-tune's. Whether a refinement beats a fixed level depends on the
 # steps and the learning rate: with few steps, the early stages have little time to adapt.
-#
+
+# %% [markdown]
+# Published figures for scale (PyTorch's transfer-learning tutorial, ULMFiT's unfreezing study; not measured here):
+
+# %%
+display.table(labkit.results.published("05_freezing-*"))
+
+# %% [markdown]
 # ## 7. Your turn: the panel
 # Choose a freezing level, the steps and the learning rate, and press **Run**. Each run adds bars for its
 # step time, memory by category and accuracy next to earlier runs.

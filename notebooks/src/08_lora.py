@@ -160,7 +160,7 @@ assert (by.trainable_share < 0.5).all()
 
 # %%
 count = lab.paper_count()
-published = labkit.load_reference("08_lora-*")
+published = labkit.load_reference("08_lora-trainable-published-hu2021")
 print(f"labkit: {count['trainable']:,} trainable in {count['adapted']} layers; PEFT: {count['peft_trainable']:,}; "
       f"paper: {count['paper']:,} ({count['trainable'] / count['total']:.2%} of {count['total']:,})")
 display.table(published, ["setup", "trainable_params", "source"])
@@ -278,7 +278,14 @@ else:
 # 7-billion-parameter model the frozen weights are most of it (14 GB in bf16, 3.6 GB in NF4), so QLoRA fits it on
 # one 16 GB GPU; in this tiny model the activations are, so the saving is small or none. The third run shows a
 # dtype deciding memory: float32 activations after every 4-bit layer can cost more than the 4 bits saved.
-#
+
+# %% [markdown]
+# Published figures for scale (LoRA and QLoRA on large models; measured elsewhere, not here):
+
+# %%
+display.table(labkit.results.published("08_lora-memory*"))
+
+# %% [markdown]
 # ## 6. Merged inference
 # Unmerged, every adapted layer adds two thin matmuls to each forward. `lora.merge_and_unload(model)` merges each
 # update into its weight and puts the plain Linear back: the base model's layers and latency, the unmerged

@@ -300,7 +300,7 @@ assert set(summary.notebook) == {"01", "02", "03", "04", "05", "06", "07", "08"}
 assert (measured.time_ratio > 0).all() and (measured.size_ratio.dropna() > 0).all()
 
 # %%
-display.table(labkit.load_reference(), ["setup", "speedup_vs_fp32", "trainable_params", "source"])  # published
+display.table(labkit.results.published("01_mixed_precision-speedup*", "09_recipe-*"))  # published, not ours
 
 # %% [markdown]
 # These numbers move with the hardware: on a CPU mixed precision often costs time, on a tensor-core GPU it alone

@@ -349,6 +349,33 @@ def load_reference(pattern: str = "*", **where) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
+def published(*patterns: str) -> pd.DataFrame:
+    """Published reference rows as a learner reads them: ``setup``, the figures, ``source`` (citation and link).
+
+    One row per published row of the files that ``patterns`` match (as in `load_reference`), in file order. A
+    figure a learner compares with the live run, never presented as measured here.
+
+    Args:
+        patterns: file patterns under ``src/labkit/assets/reference/``, e.g. ``"02_batch_size-warmup*"``.
+
+    Example:
+        >>> display.table(labkit.results.published("02_batch_size-warmup*"))
+    """
+    rows = []
+    for pattern in patterns:
+        paths = sorted(REFERENCE_DIR.glob(f"{pattern}.json"))
+        if not paths:
+            raise ConfigError("pattern", pattern, "a pattern that matches a file of src/labkit/assets/reference/")
+        for path in paths:
+            payload = json.loads(path.read_text())
+            if payload.get("provenance") != "published":
+                raise ConfigError("pattern", pattern, f"published files only ({path.name} is measured here)")
+            source = f"{payload['citation']}, {payload['url']}"
+            rows += [{**row, "source": source} for row in payload["rows"]]
+    frame = pd.DataFrame(rows)
+    return frame[["setup", *[c for c in frame.columns if c not in ("setup", "source")], "source"]]
+
+
 def write_reference(results: list[RunResult], path: Path, extras: dict | None = None, rows=None,
                     env: dict | None = None) -> Path:
     """Write results as a reference file labelled with GPU, date and versions (see `load_reference`).
