@@ -106,6 +106,7 @@ def test_the_hang_probe_runs_on_cpu_processes_with_one_gpu():
 
 @pytest.mark.parametrize("name, int4", [("t4", False), ("p100", False), ("a100", True), ("h200", True)])
 def test_quantize_methods_offered_on_each_gpu(name, int4):
+    int4 = int4 and quantization.installed_version("torchao") is not None  # the quant extra
     with machine.described(name):
         offered = quantization.available("cuda")
         assert ("int4_weight_only" in offered) is int4
@@ -113,8 +114,10 @@ def test_quantize_methods_offered_on_each_gpu(name, int4):
         table = methods.methods_table().set_index("method")
         assert bool(table.loc["int4_weight_only", "runs on this GPU"]) is int4
         assert "runs on this GPU" in methods.methods_columns(table.reset_index())
-        if not int4:
-            why = quantization.supported("int4_weight_only", "cuda")
+        why = quantization.supported("int4_weight_only", "cuda")
+        if quantization.installed_version("torchao") is None:
+            assert not int4 or "torchao is not installed" in why
+        elif not int4:
             assert "compute capability 8.0+" in why and "nf4_bnb" in why
     assert "runs on this GPU" not in methods.methods_table()  # this CPU
 

@@ -214,7 +214,7 @@ def test_fake_quantized_weights_take_only_two_to_the_bits_values(vit):
 
 
 def test_int4_runs_tinygemm_on_a_bf16_copy_fed_and_read_in_float32(vit, monkeypatch):
-    from torchao.quantization import Int4WeightOnlyConfig
+    Int4WeightOnlyConfig = pytest.importorskip("torchao.quantization").Int4WeightOnlyConfig
 
     config = Q.int4_config(Int4WeightOnlyConfig, 64)
     assert config.int4_packing_format == "tile_packed_to_4d" and config.group_size == 64  # not "plain" (mslk)
@@ -235,6 +235,7 @@ def test_int4_runs_tinygemm_on_a_bf16_copy_fed_and_read_in_float32(vit, monkeypa
 def test_int4_on_a_gpu_before_ampere_says_why_and_what_instead():
     import labkit
 
+    pytest.importorskip("torchao")
     with labkit.machine.described("t4"):
         why = Q.supported("int4_weight_only", "cuda")
     assert "tinygemm, on bf16 weights) need compute capability 8.0+; this GPU has 7.5" in why and "nf4_bnb" in why
