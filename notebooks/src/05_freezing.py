@@ -59,26 +59,31 @@ display.table(lab.level_table())
 # built over the parameters that still require one keeps no state for the rest. **BatchNorm in eval mode:**
 # in training mode a BatchNorm layer normalises each batch by its own statistics and keeps updating its
 # running mean and variance, so a "frozen" stage would still change. Every training loop calls
-# `model.train()`, so a frozen BatchNorm layer gets its own `train`, which keeps it in eval mode:
+# `model.train()`, so in your own loop put the frozen BatchNorm layers back in eval mode after each call:
 
 # %%
 def freeze_stages(model, names):
     stages = dict(labkit.models.named_stages(model))  # stem, ..., head
+    frozen_bn = []
     for name in names:
         for p in stages[name].parameters():
             p.requires_grad_(False)  # no gradient, hence no optimizer state
-        for m in stages[name].modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                m.train = lambda mode=True, m=m: nn.Module.train(m, False)  # model.train() leaves it in eval
-                m.eval()
-    return model
+        frozen_bn += [m for m in stages[name].modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    return frozen_bn
+
+
+def train_mode(model, frozen_bn):  # call instead of model.train()
+    model.train()
+    for m in frozen_bn:
+        m.eval()  # normalise with the running statistics, and leave them alone
 
 
 # %% [markdown]
-# Your version and labkit's `freezing.freeze(model, "heavy")` (what `RunConfig(freeze="heavy")` applies)
+# Two ways need no call to remember: torchvision's `FrozenBatchNorm2d` replaces each frozen layer by one with no
+# training mode, and labkit's `freezing.freeze(model, "heavy")` (what `RunConfig(freeze="heavy")` applies)
+# registers a forward pre-hook that calls `eval()` on the layer before each of its forwards. Yours and labkit's
 # each take one AdamW step from the same weights on the same batch; the check compares what trains, the
-# gradients, the weights and every BatchNorm statistic. labkit's `train` is a small object rather than a
-# lambda, so `copy.deepcopy` copies it with its layer rather than sharing one bound to the original.
+# gradients, the weights and every BatchNorm statistic.
 
 # %%
 labkit.env.set_tf32(False)  # TF32's rounding would blur the comparison on an Ampere GPU
@@ -87,10 +92,11 @@ x = labkit.data.to_model_input(split.images[:32], split, device, size=cfg.image_
 y = split.labels[:32].to(device)
 torch.manual_seed(0)
 start = labkit.models.build(cfg.model, split.num_classes)[0].to(device)
-mine = freeze_stages(copy.deepcopy(start), freezing.frozen_stages(start, "heavy"))
+mine = copy.deepcopy(start)
+mine_bn = freeze_stages(mine, freezing.frozen_stages(start, "heavy"))
 engine = freezing.freeze(copy.deepcopy(start), "heavy")
 for label, model in (("yours", mine), ("labkit", engine)):
-    model.train()  # what every training loop calls first
+    train_mode(mine, mine_bn) if model is mine else engine.train()  # labkit's hook puts its layers in eval
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     F.cross_entropy(model(x), y).backward()
     optimizer.step()
@@ -108,8 +114,7 @@ buffers = zip(mine.named_buffers(), engine.named_buffers(), start.buffers(), str
 for (name, a), (_, b), s in buffers:  # frozen statistics did not move, the trainable ones did
     assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-6)
     assert torch.equal(b, s) == (name.rsplit(".", 1)[0] in frozen_bn), name
-assert frozen_bn and not any(m.training for m in copy.deepcopy(engine).train().modules()
-                             if freezing.is_frozen_batchnorm(m))
+assert frozen_bn == {n for n, m in mine.named_modules() if any(m is b for b in mine_bn)}  # the same layers
 
 # %% [markdown]
 # ## 3. Freezing levels: time, memory, accuracy
@@ -300,8 +305,8 @@ panel
 #   times its forward FLOPs, so the measured backward exceeds the layer-by-layer count by exactly the
 #   sweep's `counter_overcount_flops`.
 # - **Adapters and LoRA** (notebook 08) train small added matrices in every layer of a frozen backbone.
-# - torchvision's detection models use `FrozenBatchNorm2d`: BatchNorm with fixed buffers, eval mode by
-#   construction.
+# - torchvision's detection models freeze every BatchNorm with `FrozenBatchNorm2d`: their per-GPU batches are
+#   too small for batch statistics.
 # - **Linear probing, then fine-tuning** (LP-FT, Kumar et al. 2022): train the head on frozen features first,
 #   then everything; a random head distorts the pretrained features more.
 

@@ -111,7 +111,7 @@ def test_frozen_batchnorm_stays_in_eval_mode_and_its_statistics_do_not_move():
         batchnorms(stage(model, "block2"))
     before = [{k: v.clone() for k, v in bn.state_dict().items()} for bn in frozen + trainable]
     model.train()
-    assert model.training and all(not bn.training for bn in frozen) and all(bn.training for bn in trainable)
+    assert model.training and all(bn.training for bn in trainable)
     assert all(freezing.is_frozen_batchnorm(bn) for bn in frozen)
     assert not any(map(freezing.is_frozen_batchnorm, trainable))
     train_steps(model, steps=4)
@@ -120,7 +120,12 @@ def test_frozen_batchnorm_stays_in_eval_mode_and_its_statistics_do_not_move():
     assert moved == [False] * len(frozen) + [True] * len(trainable)
     model.eval()
     model.train(True)
-    assert all(not bn.training for bn in frozen) and all(bn.training for bn in trainable)
+    x = torch.randn(4, frozen[0].num_features, 8, 8)
+    assert torch.equal(frozen[0](x), frozen[0].eval()(x))  # after model.train(): normalised by running statistics
+    assert "train" not in frozen[0].__dict__ and type(frozen[0]) is torch.nn.BatchNorm2d  # nothing patched
+    unfrozen = freezing.unfreeze(model)
+    assert unfrozen and not any(map(freezing.is_frozen_batchnorm, model.modules()))
+    assert all(not bn._forward_pre_hooks and bn.training for bn in batchnorms(model))
 
 
 def test_without_batchnorm_eval_only_the_parameters_freeze():
@@ -142,14 +147,11 @@ def test_the_freeze_survives_deepcopy_pickling_state_dicts_and_moves():
         copy_.train()
         frozen = [m for m in copy_.modules() if freezing.is_frozen_batchnorm(m)]
         assert len(frozen) == len(batchnorms(stage(model, "stem"))) + 2 * 2  # stem + block1, block2 (2 each)
-        assert all(not bn.training for bn in frozen)
         assert freezing.frozen_stage_names(copy_) == ["stem", "block1", "block2"]
-    copied = copy.deepcopy(model)  # each copied layer's train() acts on the copy, not on the original
-    assert all(bn.__dict__["train"].module is bn for bn in copied.modules() if freezing.is_frozen_batchnorm(bn))
     model.load_state_dict(plain.state_dict())  # new weights, same freeze
     model.train()
     assert freezing.frozen_stage_names(model) == ["stem", "block1", "block2"]
-    assert not any(m.training for m in model.modules() if freezing.is_frozen_batchnorm(m))
+    assert sum(map(freezing.is_frozen_batchnorm, model.modules())) == len(frozen)
     plain.load_state_dict(model.state_dict())  # a frozen model's weights load into a plain one
     assert all(p.requires_grad for p in plain.parameters())
 
@@ -166,8 +168,8 @@ def test_unfreeze_thaws_stages_and_their_batchnorm_follows_the_model():
     assert freezing.unfreeze(model, ["block3"]) == ["block3"]
     model.train()
     assert all(p.requires_grad for p in stage(model, "block3").parameters())
-    assert all(bn.training for bn in batchnorms(stage(model, "block3")))
-    assert all(not bn.training for bn in batchnorms(stage(model, "block2")))
+    assert all(bn.training and not freezing.is_frozen_batchnorm(bn) for bn in batchnorms(stage(model, "block3")))
+    assert all(map(freezing.is_frozen_batchnorm, batchnorms(stage(model, "block2"))))
     model.eval()
     assert freezing.unfreeze(model) == ["stem", "block1", "block2", "block3", "head"]
     assert all(not m.training for m in model.modules())  # thawed layers follow the model's eval mode
@@ -257,3 +259,13 @@ def test_the_memory_tracker_handles_frozen_parameters():
     assert breakdown.note is None
     assert breakdown.peak_by_category["gradients"] == 4 * trainable
     assert breakdown.peak_by_category["parameters"] >= 4 * sum(p.numel() for p in model.parameters())
+
+
+def test_sync_batchnorm_leaves_frozen_layers_frozen():
+    from labkit.techniques import distributed
+
+    model = freezing.freeze(build(), "medium")
+    frozen = sum(map(freezing.is_frozen_batchnorm, model.modules()))
+    synced, note = distributed.sync_batchnorm(model, torch.device("cuda"))  # converting needs no GPU
+    assert note is None and sum(map(freezing.is_frozen_batchnorm, synced.modules())) == frozen
+    assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in synced.modules())  # the trainable ones share

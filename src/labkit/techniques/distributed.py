@@ -159,11 +159,20 @@ def sync_batchnorm(model: nn.Module, device: torch.device) -> tuple[nn.Module, s
 
     Returns the model and, where it stays per rank (the CPU), a note saying so.
     """
-    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-    if not has_bn:
+    # Training BatchNorm layers only: a frozen one (`labkit_frozen_batchnorm`, kept in eval mode) has no batch
+    # statistics to share, and torch's convert_sync_batchnorm would turn it back into a training layer.
+    plain = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+             and not getattr(m, "labkit_frozen_batchnorm", False)]
+    if not plain:
         return model, None
     if device.type == "cuda":
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model), None
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if any(child is m for m in plain):
+                    setattr(parent, name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
+        if any(m is model for m in plain):
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return model, None
     return model, ("BatchNorm statistics are computed per rank on its share of the batch (SyncBatchNorm runs "
                    "on CUDA only), so losses differ a little from one process's")
 

@@ -5,9 +5,11 @@ Freezing a stage is two things, and both are needed:
 1. ``p.requires_grad_(False)`` on each of its parameters: autograd computes no gradient for them, the
    optimizer (built over the parameters that still require one) keeps no state for them, and, when the
    frozen stages come first, autograd records nothing for them at all: no saved activations, no backward.
-2. its BatchNorm layers stay in **eval mode**, whatever ``model.train()`` says: in training mode they
-   would normalise with each batch's statistics and keep updating their running statistics, so a
-   "frozen" stage would still change what it computes.
+2. its BatchNorm layers normalise with their running statistics and stop updating them, whatever
+   ``model.train()`` says: in training mode they would normalise with each batch's statistics and keep
+   updating their running statistics, so a "frozen" stage would still change what it computes. In your own
+   loop, ``layer.eval()`` after every ``model.train()``; `freeze` makes that automatic with a forward pre-hook
+   (`eval_before_forward`); torchvision's ``FrozenBatchNorm2d`` replaces the layer by one with no training mode.
 
 Levels map onto every model's named stages (`labkit.models.named_stages`: stem ... head). The body is
 every stage before the head; a level says how many of the body's **last** stages keep training:
@@ -95,29 +97,27 @@ def frozen_stages(model_or_name: nn.Module | str, level) -> list[str]:
     raise ConfigError("freeze", level, f"None, one of {list(LEVELS)} or a list of stage names from {names}")
 
 
-class _StayInEval:
-    """A frozen BatchNorm layer's ``train``: whatever mode is asked for, the layer stays in eval mode.
+FROZEN = "labkit_frozen_batchnorm"  # marks a BatchNorm layer that `freeze` keeps in eval mode
 
-    Set as the layer's own ``train`` attribute, it is what ``model.train()`` calls on the layer. It is plain
-    data on the module, so `copy.deepcopy` and pickling keep it, ``.to(device)`` and
-    ``load_state_dict`` leave it alone, and the state_dict has no extra key.
+
+def eval_before_forward(module: nn.Module, args) -> None:
+    """A frozen BatchNorm layer's forward pre-hook: ``module.eval()`` before every forward.
+
+    The layer then normalises with its running statistics and leaves them alone, whatever ``model.train()``
+    said before. A hook is plain data on the module: ``copy.deepcopy``, pickling, ``.to(device)`` and
+    ``load_state_dict`` keep it, and the state_dict has no extra key.
     """
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-
-    def __call__(self, mode: bool = True) -> nn.Module:
-        return nn.Module.train(self.module, False)
+    module.eval()
 
 
 def is_frozen_batchnorm(module: nn.Module) -> bool:
-    """Whether ``module`` is a BatchNorm layer that `freeze` keeps in eval mode.
+    """Whether ``module`` is a BatchNorm layer that `freeze` keeps in eval mode (`eval_before_forward`).
 
     Example:
-        >>> freeze(model, "heavy"); model.train()
-        >>> [m.training for m in model.modules() if is_frozen_batchnorm(m)]   # all False
+        >>> freeze(model, "heavy")
+        >>> sum(map(is_frozen_batchnorm, model.modules()))
     """
-    return isinstance(module.__dict__.get("train"), _StayInEval)
+    return bool(getattr(module, FROZEN, None))
 
 
 def _batchnorms(module: nn.Module) -> list[nn.Module]:
@@ -130,7 +130,7 @@ def freeze(model: nn.Module, level, batchnorm_eval: bool = True) -> nn.Module:
     Args:
         model: a model from `labkit.models.build` (a wrapped one is unwrapped); changed in place and returned.
         level: a level from `LEVELS` or a list of stage names (see `frozen_stages`).
-        batchnorm_eval: keep the frozen BatchNorm layers in eval mode under ``model.train()`` (True, the right thing).
+        batchnorm_eval: keep the frozen BatchNorm layers in eval mode (`eval_before_forward`; True, the right thing).
 
     Raises:
         ConfigError: an unknown level or stage, or a choice that leaves no parameter to train.
@@ -154,8 +154,10 @@ def freeze(model: nn.Module, level, batchnorm_eval: bool = True) -> nn.Module:
             p.requires_grad_(False)
         if batchnorm_eval:
             for bn in _batchnorms(stages[name]):
-                bn.train = _StayInEval(bn)
-                nn.Module.train(bn, False)
+                if not is_frozen_batchnorm(bn):
+                    bn.register_forward_pre_hook(eval_before_forward)
+                    setattr(bn, FROZEN, True)
+                bn.eval()
     return model
 
 
@@ -177,7 +179,9 @@ def unfreeze(model: nn.Module, stages: Sequence[str] | None = None) -> list[str]
             p.requires_grad_(True)
         for bn in _batchnorms(named[name]):
             if is_frozen_batchnorm(bn):
-                del bn.train
+                for key in [k for k, hook in bn._forward_pre_hooks.items() if hook is eval_before_forward]:
+                    del bn._forward_pre_hooks[key]
+                delattr(bn, FROZEN)
             bn.train(m.training)
     return names
 
@@ -265,7 +269,7 @@ def cache_features(model: nn.Module, inputs: Iterable[torch.Tensor]) -> torch.Te
     stages = dict(models.named_stages(m))
     body = models.block_names(m)
     moving = [name for name in body if any(p.requires_grad for p in stages[name].parameters())
-              or any(bn.training for bn in _batchnorms(stages[name]))]
+              or any(bn.training and not is_frozen_batchnorm(bn) for bn in _batchnorms(stages[name]))]
     if moving:
         raise ConfigError("model", f"trainable or train-mode stages {moving}",
                           "a model whose whole body is frozen with BatchNorm in eval mode "
