@@ -104,8 +104,8 @@ axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
 #
 # - **A larger batch** uses more memory: activations grow with the batch (notebook 02). It pays in time where
 #   the smaller batch left the device idle; with fewer steps, accuracy can fall unless the learning rate grows.
-# - **`precision: auto`** is fp32 on a CPU and a P100, fp16 on a T4, bf16 on an A100: on a CPU this stage
-#   changes nothing, by design.
+# - **`precision: auto`** is bf16 on an A100 and on a CPU with native bf16, fp16 on a T4, fp32 on a P100 and
+#   on a CPU that would emulate bf16: there this stage changes nothing, by design.
 # - **Checkpointing** trades time for activation memory; where activations are small it costs time, saves little.
 # - **The 8-bit optimizer** shrinks AdamW's states, which follow the trainable parameters: few after freezing.
 # - **Freezing** removes gradients, optimizer state and most of the backward pass: often the largest saving. Its
@@ -115,7 +115,7 @@ axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
 # ## 3. The order the measurements suggest
 # Each stage was also run **alone** on the baseline. Ranking the training stages by what each bought alone
 # (peak-memory ratio times epoch-time ratio, smallest first) gives another order; a stage that changes nothing on
-# this device (`precision: auto` on a CPU) goes after the others, whatever its timing noise, and
+# this device (`precision: auto` where it stays fp32) goes after the others, whatever its timing noise, and
 # quantization stays last: it acts on the trained model. The chart above shows both orders; each stage alone:
 
 # %%

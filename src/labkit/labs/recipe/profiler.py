@@ -86,7 +86,7 @@ def quiet_native_output():
 
 
 def profiler_precision(cfg: RunConfig) -> str:
-    """The mixed precision to profile against fp32: ``auto``'s here, or bf16 where ``auto`` keeps fp32 (CPU, P100).
+    """The mixed precision to profile against fp32: ``auto``'s, or bf16 where ``auto`` keeps fp32 (P100, some CPUs).
 
     Args:
         cfg: the config whose device decides.

@@ -155,7 +155,7 @@ def changes_nothing(stage: Stage, row: pd.Series, base: pd.Series) -> bool:
 
     Args:
         stage: the stage. row, base: its alone-run and the baseline's. A precision that resolved to the baseline's
-            (``auto`` is fp32 on a CPU) changes nothing: its time and memory ratios are noise, not an effect.
+            (``auto`` is fp32 where bf16 would be emulated) changes nothing: its ratios are noise, not an effect.
     """
     return set(stage.changes) == {"precision"} and "precision_used" in row and \
         row.precision_used == base.precision_used
