@@ -92,8 +92,7 @@ x = labkit.data.to_model_input(split.images[:32], split, device, size=cfg.image_
 y = split.labels[:32].to(device)
 torch.manual_seed(0)
 start = labkit.models.build(cfg.model, split.num_classes)[0].to(device)
-mine = copy.deepcopy(start)
-mine_bn = freeze_stages(mine, freezing.frozen_stages(start, "heavy"))
+mine_bn = freeze_stages(mine := copy.deepcopy(start), freezing.frozen_stages(start, "heavy"))
 engine = freezing.freeze(copy.deepcopy(start), "heavy")
 for label, model in (("yours", mine), ("labkit", engine)):
     train_mode(mine, mine_bn) if model is mine else engine.train()  # labkit's hook puts its layers in eval
@@ -129,8 +128,9 @@ guess_state_fraction = None  # YOUR GUESS: head_only optimizer state / no freezi
 
 # %%
 sweep = lab.level_sweep(cfg)
-head = sweep.set_index("level").loc["head_only"]
-print(guesses.versus(guess_time_fraction, head.time_ratio, "step time, head_only / none", "x"))
+head, none = sweep.set_index("level").loc["head_only"], sweep.set_index("level").loc["none"]
+print(guesses.versus(guess_time_fraction, head.time_ratio, "step time, head_only / none", "x",
+                     band=lab.time_band(head, none)))  # the ratio the two runs' spreads allow
 print(guesses.versus(guess_state_fraction, head.state_ratio, "optimizer state, head_only / none", "x"))
 plots.bars(sweep, x="level", ys=["step_time_s", "accuracy"])
 plots.memory_breakdown(sweep, label="level");
