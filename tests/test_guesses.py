@@ -32,3 +32,16 @@ def test_bad_guesses_are_named():
         versus(0.5, float("nan"), "x")
     with pytest.raises(ConfigError, match="guess=True is not allowed"):
         versus(True, 0.5, "x")
+
+
+def test_a_guess_inside_the_runs_noise_is_as_right_as_the_run_can_tell():
+    from labkit.measure import ratio_band
+
+    band = ratio_band((0.09, 0.11), (0.18, 0.22))  # two runs' step-time spreads: their ratio lies in 0.41-0.61
+    assert band == pytest.approx((0.09 / 0.22, 0.11 / 0.18))
+    inside = str(versus(0.6, 0.5, "step time, with / without", "x", band=band))
+    assert " ".join(inside.split()).endswith("The run's noise allows 0.409-0.611x: your guess is inside it, as "
+                                             "right as this run can tell.")
+    assert " ".join(str(versus(0.3, 0.5, "t", band=band)).split()).endswith("0.409-0.611: your guess is outside it.")
+    assert "noise allows 0.409-0.611" in " ".join(str(versus(None, 0.5, "t", band=band)).split())
+    assert versus(0.5, 0.5, "t", band=(float("nan"), 1.0)).endswith("(The run measured no spread to judge a guess by.)")

@@ -136,7 +136,8 @@ df = lab.table(runs)
 print(lab.summary(df))
 print(lab.tf32_finding(df, ENV))
 print(guesses.versus(guess_memory_fraction, lab.peak_fraction(df, LOW), f"{LOW} peak memory / fp32 peak memory"))
-print(guesses.versus(guess_speedup, lab.speedup(df, LOW), f"{LOW} speed / fp32 speed", "x"))
+print(guesses.versus(guess_speedup, lab.speedup(df, LOW), f"{LOW} speed / fp32 speed", "x",
+                     band=lab.speedup_band(df, LOW)))  # the ratio the two runs' step-time spreads allow
 ref = lab.table(labkit.load_reference("01_mixed_precision-compare*"))
 plots.bars(df, x="setup", ys=["step_time_s", "peak_memory_bytes", "accuracy"], reference=ref);
 

@@ -208,7 +208,9 @@ frame = lab.rank_sweep(cfg)  # full, head only, LoRA per rank on qkv and all-lin
 print(lab.sweep_finding(frame))
 r8, full = frame.set_index("setup").loc["LoRA qkv r8"], frame.set_index("setup").loc["full fine-tune"]
 print(guesses.versus(guess_share, r8.trainable_share, "trainable share, rank 8 on qkv"))
-print(guesses.versus(guess_step_ratio, r8.step_time_s / full.step_time_s, "step time, LoRA r8 / full"))
+spreads = [(r.step_time_p10_s, r.step_time_p90_s) for r in (r8, full)]  # each run's 10th-90th percentile
+print(guesses.versus(guess_step_ratio, r8.step_time_s / full.step_time_s, "step time, LoRA r8 / full",
+                     band=labkit.measure.ratio_band(*spreads)))
 display.table(frame, ["setup", "num_trainable_params", "mem_optimizer_state_bytes", "mem_activations_bytes",
                       "peak_memory_bytes", "step_time_s", "accuracy"])
 

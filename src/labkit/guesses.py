@@ -23,7 +23,7 @@ def _number(value, field: str) -> float:
     return float(value)
 
 
-def versus(guess, measured, what: str, unit: str = "") -> Text:
+def versus(guess, measured, what: str, unit: str = "", band=None) -> Text:
     """One line: the learner's ``guess`` of ``what`` beside the ``measured`` value, and how far off it was.
 
     Args:
@@ -31,21 +31,33 @@ def versus(guess, measured, what: str, unit: str = "") -> Text:
         measured: the live run's value.
         what: what was guessed, e.g. ``"bf16 peak memory / fp32 peak memory"``.
         unit: appended to both numbers, e.g. ``"x"`` or ``" MiB"``.
+        band: the ``(low, high)`` the run's own noise allows for the value (e.g. `labkit.measure.ratio_band` of
+            two runs' step-time spreads): a guess inside it is as right as the measurement can tell.
 
     Raises:
-        ConfigError: ``guess`` or ``measured`` is not a finite number.
+        ConfigError: ``guess`` or ``measured`` is not a finite number (a band with a missing bound says so).
 
     Example:
         >>> print(versus(0.5, 0.62, "bf16 peak / fp32 peak"))
         bf16 peak / fp32 peak: you guessed 0.5, measured 0.62 (your guess was 0.81x the measured value).
     """
     value = _number(measured, "measured")
+    if band is not None and any(b is None or b != b for b in band):  # one timed step: no spread was measured
+        band, noise = None, " (The run measured no spread to judge a guess by.)"
+    else:
+        noise = ""
+    low, high = (None, None) if band is None else sorted(_number(b, "band") for b in band)
+    if band is not None:
+        noise = f" The run's noise allows {low:.3g}-{high:.3g}{unit}"
     if guess is None:
         return Text(f"{what}: measured {value:.3g}{unit}. (No guess recorded: write one above before the "
-                    "next run.)")
+                    f"next run.){noise + '.' if band is not None else noise}")
     mine = _number(guess, "guess")
+    if band is not None:
+        noise += ": your guess is " + ("inside it, as right as this run can tell." if low <= mine <= high
+                                       else "outside it.")
     if value == 0:
         off = "exactly" if mine == 0 else f"{mine - value:+.3g}{unit} off"
-        return Text(f"{what}: you guessed {mine:.3g}{unit}, measured 0{unit} ({off}).")
+        return Text(f"{what}: you guessed {mine:.3g}{unit}, measured 0{unit} ({off}).{noise}")
     return Text(f"{what}: you guessed {mine:.3g}{unit}, measured {value:.3g}{unit} (your guess was "
-                f"{mine / value:.2f}x the measured value).")
+                f"{mine / value:.2f}x the measured value).{noise}")

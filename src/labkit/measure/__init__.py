@@ -24,6 +24,7 @@ from .timing import (
     StepTimer,
     TimingPitfalls,
     measure_latency,
+    ratio_band,
     reset_memory,
     reset_peak,
     separated,
@@ -36,5 +37,5 @@ from .timing import (
 __all__ = ["Latency", "MemoryBreakdown", "PEAK_FLOPS", "StepTimer", "TimingPitfalls", "accuracy_noise",
            "allocated_now", "count_flops", "count_parameters", "cuda_peak_memory", "inference_peak_bytes",
            "measure_latency", "model_size_bytes", "new_micro_batch", "optimizer_state_bytes", "peak_flops",
-           "reserved_now", "reset_memory", "reset_peak", "separated", "spread", "synchronize", "tensor_bytes",
-           "timing_pitfalls", "track_step_memory", "warm_up_libraries"]
+           "ratio_band", "reserved_now", "reset_memory", "reset_peak", "separated", "spread", "synchronize",
+           "tensor_bytes", "timing_pitfalls", "track_step_memory", "warm_up_libraries"]

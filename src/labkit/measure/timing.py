@@ -63,6 +63,19 @@ def spread(times_s: list[float]) -> tuple[float, float, float]:
     return statistics.median(times_s), deciles[0], deciles[-1]
 
 
+def ratio_band(a, b) -> tuple[float, float]:
+    """The range of ``a / b`` that two measured spreads allow: ``(a_low / b_high, a_high / b_low)``.
+
+    Args:
+        a, b: ``(low, high)`` pairs, e.g. two runs' ``(step_time_p10_s, step_time_p90_s)``.
+
+    Example:
+        >>> ratio_band((0.9, 1.1), (1.8, 2.2))
+        (0.409..., 0.611...)
+    """
+    return a[0] / b[1], a[1] / b[0]
+
+
 def separated(a, b) -> int | None:
     """Whether two measured spreads lie apart: -1 when ``a`` lies wholly below ``b``, 1 above, 0 when they overlap.
 

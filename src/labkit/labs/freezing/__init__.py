@@ -23,6 +23,7 @@ from .levels import (
     level_sweep,
     level_table,
     levels_finding,
+    time_band,
     tradeoff_finding,
 )
 from .schedules import SCHEDULES, schedule_finding, schedule_runs
@@ -30,5 +31,6 @@ from .schedules import SCHEDULES, schedule_finding, schedule_runs
 __all__ = [
     "GFLOP", "SCHEDULES", "SWEEP_LEVELS", "BatchNormDemo", "FeatureCaching", "_layer_forward_flops", "_model_and_batch",
     "_typical_step_s", "backward_check", "backward_numbers", "backward_profile", "batchnorm_demo", "feature_caching",
-    "level_sweep", "level_table", "levels_finding", "schedule_finding", "schedule_runs", "tradeoff_finding",
+    "level_sweep", "level_table", "levels_finding", "schedule_finding", "schedule_runs", "time_band",
+    "tradeoff_finding",
 ]

@@ -99,8 +99,12 @@ def level_sweep(cfg: RunConfig, levels=None, refresh: bool = False, progress: bo
     return frame[first + [c for c in frame.columns if c not in first]]
 
 
-def _time_band(row, base) -> tuple[float, float]:
-    """The step-time ratio ``row`` / ``base`` at the two ends of their runs' 10th-90th percentile spreads."""
+def time_band(row, base) -> tuple[float, float]:
+    """The step-time ratio ``row`` / ``base`` at the two ends of their runs' 10th-90th percentile spreads.
+
+    Args:
+        row, base: two rows of `level_sweep` (e.g. ``head_only`` and ``none``).
+    """
     return row["step_time_p10_s"] / base["step_time_p90_s"], row["step_time_p90_s"] / base["step_time_p10_s"]
 
 
@@ -124,7 +128,7 @@ def levels_finding(frame: pd.DataFrame) -> str:
     if deepest["step_time_s"] >= base["step_time_p10_s"]:
         return text + ("no faster than the unfrozen run's fastest tenth of steps, so this machine's timing was "
                        "disturbed; the FLOPs and memory do not depend on it.")
-    low, high = _time_band(deepest, base)
+    low, high = time_band(deepest, base)
     band = f"(the steps' spread allows {low:.2f}x-{high:.2f}x)"
     if flop_share < low:
         return text + f"time fell less than the FLOPs {band}."

@@ -29,6 +29,7 @@ from .comparison import (
     setup_label,
     speed_phrase,
     speedup,
+    speedup_band,
     speedups,
     summary,
     table,
@@ -49,6 +50,7 @@ __all__ = [
     "AUTOCAST_PROBES", "FP16_MAX", "FP16_SMALLEST_NORMAL", "FP16_SMALLEST_SUBNORMAL", "LOW_SETUPS", "SETUPS",
     "SPEEDUP_SOURCE", "advice", "autocast_dtypes", "channels_last_finding", "compare", "faster", "formats",
     "gradient_underflow", "has_tf32", "low_setup", "memory_savings", "own_saving_finding", "own_saving_numbers",
-    "peak_fraction", "scaler_finding", "scaler_trace", "setup_label", "speed_phrase", "speedup", "speedups",
+    "peak_fraction", "scaler_finding", "scaler_trace", "setup_label", "speed_phrase", "speedup", "speedup_band",
+    "speedups",
     "summary", "table", "tf32_finding",
 ]

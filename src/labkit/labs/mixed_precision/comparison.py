@@ -13,7 +13,7 @@ import pandas as pd
 from ... import results
 from ...env import PROFILES, has_tensor_cores, native_bf16, profile
 from ...errors import ConfigError
-from ...measure import PEAK_FLOPS, accuracy_noise, separated
+from ...measure import PEAK_FLOPS, accuracy_noise, ratio_band, separated
 from ...messages import worded
 from ...units import MIB, change_between
 
@@ -301,6 +301,16 @@ def speedup(df, low: str) -> float:
     rows = _ran(df, "fp32", low_setup(low))
     return rows["fp32"]["step_time_s"] / rows[low_setup(low)]["step_time_s"]
 
+
+
+def speedup_band(df, low: str) -> tuple[float, float]:
+    """The range of `speedup` that the two runs' step-time spreads (10th-90th percentile) allow.
+
+    Args:
+        df: `table`'s frame. low: ``bf16`` or ``fp16``.
+    """
+    rows = _ran(df, "fp32", low_setup(low))
+    return ratio_band(_spread(rows["fp32"]), _spread(rows[low_setup(low)]))
 
 def own_saving_numbers(df, low: str) -> dict:
     """Your own numbers for exercise ``01.own_saving``, from the comparison's frame (MiB, three digits).
