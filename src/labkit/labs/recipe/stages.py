@@ -1,7 +1,8 @@
 """Sections 1-3 of notebook 09: a staged recipe applied one stage at a time, and the order its measurements suggest.
 
-The recipe is a YAML `RunConfig` whose keys are the stages in order (`RECIPE_PATH`: a staged recipe of the kind
-that circulates in blog posts). `staged` applies the stages on top of each other in the file's order (the given
+The recipe is a YAML `RunConfig` whose keys are the stages in order (`RECIPE_PATH`: a staged recipe that follows
+notebooks 01-08: a larger batch with its learning rate scaled and warmed up, no checkpointing where memory is not
+the limit). `staged` applies the stages on top of each other in the file's order (the given
 order), runs each stage alone on the baseline, and stacks them again in the order those alone-runs suggest.
 """
 
@@ -23,7 +24,8 @@ from ...messages import worded
 RECIPE_PATH = Path(__file__).resolve().parents[2] / "assets" / "recipes" / "staged_recipe.yaml"
 # Fields that belong to the stage of another field (LoRA's rank carries its targets, quantize its kept layers).
 STAGE_OF = {"lora_targets": "lora_rank", "lora_alpha": "lora_rank", "lora_dropout": "lora_rank",
-            "quantize_keep_float": "quantize", "prune_structured": "prune_amount"}
+            "quantize_keep_float": "quantize", "prune_structured": "prune_amount",
+            "lr": "batch_size", "lr_warmup_steps": "batch_size"}  # a larger batch with its scaled, warmed-up lr
 STAGE_NAMES = {"batch_size": "larger batch", "precision": "mixed precision", "checkpointing": "checkpointing",
                "optimizer": "8-bit optimizer", "freeze": "freezing", "lora_rank": "LoRA", "grad_accum": "accumulation",
                "quantize": "quantization", "prune_amount": "pruning", "channels_last": "channels_last"}
@@ -85,7 +87,7 @@ def recipe_stages(path: str | Path = RECIPE_PATH) -> list[Stage]:
 
     Example:
         >>> [s.key for s in recipe_stages()]
-        ['batch_size', 'precision', 'checkpointing', 'optimizer', 'freeze', 'quantize']
+        ['batch_size', 'precision', 'optimizer', 'freeze', 'quantize']
     """
     path = Path(path)
     loaded = load_config(path)
@@ -290,15 +292,14 @@ def order_finding(rec: Recipe) -> str:
     return text + "."
 
 
-OWN_STACK = {"batch_size": "batch", "precision": "amp", "checkpointing": "ckpt", "optimizer": "opt8",
-             "freeze": "freeze"}
+OWN_STACK = {"batch_size": "batch", "precision": "amp", "optimizer": "opt8", "freeze": "freeze"}
 
 
 def own_stack_numbers(rec: Recipe) -> dict:
     """Exercise ``09.own_stack``'s numbers: each training stage's peak-memory ratio alone, rounded as printed.
 
     Args:
-        rec: `staged`'s, on a recipe with the five training stages of `OWN_STACK` (the shipped recipe's).
+        rec: `staged`'s, on a recipe with the four training stages of `OWN_STACK` (the shipped recipe's).
     """
     base = rec.alone.iloc[0].peak_memory_bytes
     ratios = {stage.key: row.peak_memory_bytes / base for stage, (_, row) in
