@@ -209,3 +209,9 @@ def test_a_gpu_profile_counts_each_kernel_once():
     assert [r["operator"] for r in rows] == ["aten::mm", "aten::relu"]
     assert sum(r["self_ms"] for r in rows) == pytest.approx(0.4)
     assert len(lab.operator_rows(events, on_gpu=False)) == 4  # a CPU profile has no kernel rows to drop
+
+
+def test_the_shipped_recipe_prints_without_wrapping():
+    from labkit.messages import WIDTH
+
+    assert all(len(line) <= WIDTH for line in lab.RECIPE_PATH.read_text().splitlines())  # 09 prints the file
