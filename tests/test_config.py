@@ -163,7 +163,7 @@ def test_ci_and_quick_keep_the_small_offline_workload():
 
 def test_full_fine_tunes_a_pretrained_resnet_on_upsampled_cifar10_when_online(monkeypatch):
     monkeypatch.setenv("LABKIT_OFFLINE", "0")
-    monkeypatch.setattr(config.data, "host_answers", lambda host: True)  # CIFAR-10's host answers
+    monkeypatch.setattr(config.downloads, "host_answers", lambda host: True)  # CIFAR-10's host answers
     cfg = baseline(labkit.profile("full"))
     assert (cfg.model, cfg.dataset, cfg.image_size, cfg.batch_size) == ("resnet18", "cifar10", 128, 128)
     assert cfg.pretrained and cfg.max_steps == labkit.profile("full").max_steps

@@ -123,23 +123,23 @@ def test_quantize_methods_offered_on_each_gpu(name, int4):
 
 
 def test_full_falls_back_when_the_data_can_be_neither_read_nor_downloaded(monkeypatch, tmp_path, capsys):
-    from labkit import data
+    from labkit import downloads
 
     monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("LABKIT_OFFLINE", "0")  # online as far as labkit is told, but nothing answers
-    data.host_answers.cache_clear()
-    monkeypatch.setattr(data.socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(TimeoutError()))
+    downloads.host_answers.cache_clear()
+    monkeypatch.setattr(downloads.socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(TimeoutError()))
     try:
         assert config.workload(labkit.profile("full")) == config.SMALL_WORKLOAD
         printed = " ".join(capsys.readouterr().out.split())
         assert "cifar10 is not on disk and its download host (www.cs.toronto.edu) did not answer within 3 s" in printed
         folder = tmp_path / "cifar-10-batches-py"
         folder.mkdir()
-        for name in data.CIFAR10_FILES:
+        for name in downloads.CIFAR10_FILES:
             (folder / name).write_bytes(b"x")
         assert config.workload(labkit.profile("full"))["dataset"] == "cifar10"  # on disk: no network needed
     finally:
-        data.host_answers.cache_clear()
+        downloads.host_answers.cache_clear()
 
 
 def test_a_described_machine_must_be_one_labkit_knows():

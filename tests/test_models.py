@@ -13,7 +13,7 @@ import torch
 import torchvision
 from torch import nn
 
-from labkit import data, models
+from labkit import downloads, models
 from labkit.errors import ChecksumError, ConfigError
 
 PARAM_COUNTS = {"small_cnn": 295_490, "resnet18": 11_181_642, "resnet50": 23_528_522,
@@ -228,7 +228,7 @@ def test_online_imagenet_weights_load_into_the_backbone(monkeypatch):
     monkeypatch.setattr(torchvision.models.ShuffleNet_V2_X0_5_Weights, "get_state_dict", fake_download)
     model, weights = models.build("shufflenet_v2_x0_5", 10, pretrained=True)
     assert weights == models.WeightsInfo("imagenet", None)
-    assert calls == [("ShuffleNet_V2_X0_5_Weights.IMAGENET1K_V1", data.DOWNLOAD_TIMEOUT_S)]
+    assert calls == [("ShuffleNet_V2_X0_5_Weights.IMAGENET1K_V1", downloads.DOWNLOAD_TIMEOUT_S)]
     assert socket.getdefaulttimeout() is None  # restored after the download
     state = model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in reference.items() if not k.startswith("fc."))

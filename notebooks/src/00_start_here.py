@@ -270,7 +270,8 @@ plots.loss_curve({"pretrained": res, "from scratch": scratch});
 # updates weights. The small CNN of `ci` and `quick` leaves any GPU almost idle; the ResNet-18 of `full`
 # keeps it busier, still well short of the datasheet figure. That is a finding, not a bug; bigger batches
 # and models raise MFU. Mixed precision often *lowers* it, even when the step gets faster: the peak it is
-# divided by rises 8x on a T4 (8.1 TFLOP/s fp32 to 65 TFLOP/s fp16), while the step time falls far less.
+# divided by rises 8x on a T4 (8.1 TFLOP/s fp32 to 65 TFLOP/s fp16, its datasheet), while the step time falls
+# far less.
 # labkit counts the FLOPs that actually ran, so with checkpointing (notebook 03) the recomputed forward
 # is counted too: what the PaLM paper calls hardware FLOP utilisation (HFU) rather than MFU.
 

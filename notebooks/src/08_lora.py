@@ -48,8 +48,8 @@ print(lab.blog_snippet())  # the source of lab.BlogLoRALayer
 #    and, worse, silently adds the transpose on a square one.
 # 3. **No `alpha / rank` scale:** the update's size changes with the rank, so every rank needs its own
 #    learning rate.
-# 4. **`A` from `randn`:** about 20x larger than `nn.Linear`'s initial weights, so each change of `B` moves the
-#    output 20x as much: a learning rate far too high.
+# 4. **`A` from `randn`:** sqrt(3 x in_features) times larger than `nn.Linear`'s initial weights (20x for 128
+#    inputs), so each change of `B` moves the output as much more: a learning rate far too high.
 
 # %%
 display.table(lab.blog_snippet_problems(), ["problem", "what_happens"])

@@ -5,7 +5,7 @@ so `labkit bench` runs on a bare GPU machine; nor bitsandbytes, imported when an
 
 The engine's layers, lowest first (each module imports only from its own layer or lower ones; the
 import-linter contract in pyproject.toml checks it): the base (`errors`, `project`, `validate`, `units`,
-`machine`, `env`, `data`, `models`, `config`, `result`, `measure`, `exercises`, `guesses`, `display`);
+`machine`, `env`, `downloads`, `data`, `models`, `config`, `result`, `measure`, `exercises`, `guesses`, `display`);
 `techniques` (each technique's mechanism); `train` (the loop); `results`, `capacity`, `pretrain`, `equivalence`
 (many runs, what fits, a plain step against the engine's); `estimates`; `labs` (each notebook's experiments,
 findings and exercises); `plots`, `views`, `widgets`, and `troubleshoot` (`labkit.doctor`: probes a config for the

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from . import data, models
+from . import data, downloads, models
 from .choices import (
     FREEZE_LEVELS,
     LORA_ALL_LINEAR,
@@ -240,7 +240,7 @@ def workload(prof=None) -> dict:
     prof = prof or profile()
     wanted = {"model": prof.model, "dataset": prof.dataset, "image_size": prof.image_size,
               "batch_size": prof.batch_size}
-    problem = None if wanted == SMALL_WORKLOAD else data.fetch_problem(prof.dataset)
+    problem = None if wanted == SMALL_WORKLOAD else downloads.fetch_problem(prof.dataset)
     if problem is None:
         return wanted
     size = f" at {prof.image_size}x{prof.image_size}" if prof.image_size else ""

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..data import download_timeout
+from ..downloads import download_timeout
 from ..env import OFFLINE_ENV, is_online  # noqa: F401 - is_online is part of this module's API
 from ..errors import ConfigError, LabkitError
 from ..messages import note

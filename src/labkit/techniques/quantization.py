@@ -3,23 +3,20 @@
 - `affine_qparams`, `quantize_affine`, `dequantize_affine`: affine quantization from scratch,
   ``q = clamp(round(x / scale) + zero_point)``, symmetric or asymmetric, per tensor or per channel; the
   same numbers as torch's observers and `torch.quantize_per_tensor` / `torch.quantize_per_channel`.
-- `quantize(model, method, calibration=None)`: a quantized copy of a model by one of `METHODS`: casts
-  (fp16, bf16), int8 dynamic through the deprecated `torch.ao.quantization.quantize_dynamic` (what the
-  seeds and most tutorials use) and through torchao's current `quantize_`, int8 and int4 weight-only
-  (torchao), static int8 with calibration batches (`torch.ao` FX graph mode), bitsandbytes'
-  `Linear8bitLt` and 4-bit NF4 (the QLoRA base).
+- `quantize(model, method, calibration=None)`: a quantized copy by one of `METHODS`: casts (fp16, bf16), int8
+  dynamic through the deprecated `torch.ao.quantization.quantize_dynamic` (what most tutorials use) and torchao's
+  `quantize_`, int8 and int4 weight-only (torchao), static int8 with calibration (`torch.ao` FX graph mode),
+  bitsandbytes' `Linear8bitLt` and 4-bit NF4 (the QLoRA base).
 - `fake_quantize_weights`: any bit width, simulated (weights rounded, stored as floats): what accuracy a
   3- or 4-bit model would have, for sensitivity studies.
 - `prepare_qat`, `convert_qat`: quantization-aware training: fake-quantize while fine-tuning, then convert.
 - `supported(method, device)`: None when ``method`` runs on ``device`` here, else why not.
 
-`quantize` needs ``calibration`` for ``int8_static``, which fixes each activation's range from those batches.
-Methods whose kernels run on the CPU only (``int8_dynamic``, ``int8_static``: torch.ao's x86/fbgemm engine)
-return a CPU model; the others stay on the model's device.
+``int8_static`` needs ``calibration`` (each activation's range). Methods whose kernels run on the CPU only
+(``int8_dynamic``, ``int8_static``: torch.ao's x86/fbgemm engine) return a CPU model; the others stay put.
 
-``torch.ao.quantization`` is deprecated since torch 2.10 and warns on every use; labkit uses it on purpose
-(it is what most existing code runs) and, once this module is imported, silences exactly those
-deprecation warnings, no others.
+``torch.ao.quantization`` is deprecated since torch 2.10 and warns on every use; labkit uses it on purpose (most
+existing code runs it) and, once this module is imported, silences exactly those deprecation warnings.
 """
 
 from __future__ import annotations
@@ -198,8 +195,7 @@ def _torchao(method: str):
 
 
 class _SkipCastNotice(logging.Filter):
-    """bitsandbytes' LLM.int8() quantizes a float32 input through fp16 by design and logs so on every call: one
-    line per forward, hundreds in a timing loop. The notebook says it once instead."""
+    """bitsandbytes' LLM.int8() logs its fp16 cast on every forward (hundreds in a timing loop); 06 says it once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "inputs will be cast from" not in record.getMessage()
@@ -226,10 +222,6 @@ def installed_version(package: str) -> str | None:
         return None
 
 
-def _installed(package: str) -> bool:
-    return installed_version(package) is not None
-
-
 def supported(method: str, device: torch.device | str = "cpu") -> str | None:
     """None when ``method`` can run on ``device`` here, else why not (a sentence).
 
@@ -247,9 +239,9 @@ def supported(method: str, device: torch.device | str = "cpu") -> str | None:
     if device.type == "cpu" and method in ("int8_dynamic", "int8_static"):
         if not {"x86", "fbgemm", "qnnpack"} & set(torch.backends.quantized.supported_engines):
             return f"this torch build has no quantized CPU engine ({torch.backends.quantized.supported_engines})"
-    if spec.api == "torchao" and not _installed("torchao"):
+    if spec.api == "torchao" and installed_version("torchao") is None:
         return f"torchao is not installed; {INSTALL_HINT}"
-    if spec.api == "bitsandbytes" and not _installed("bitsandbytes"):
+    if spec.api == "bitsandbytes" and installed_version("bitsandbytes") is None:
         return "bitsandbytes is not installed; pip install 'bitsandbytes>=0.50'"
     capability = machine.here().capability
     if method == "int4_weight_only" and capability < (8, 0):
@@ -366,8 +358,7 @@ def _torchao_quantize(model: nn.Module, method: str, names: list[str]) -> nn.Mod
 def int4_config(config_class, group_size: int):
     """torchao's int4 weight-only config packed for tinygemm (CUDA sm80+, bf16 weights), which torchao runs alone.
 
-    torchao 0.14+ defaults to the ``plain`` packing, whose kernels come from a separate package (mslk /
-    fbgemm-gpu-genai) that labkit does not install; older torchao has no packing switch and uses tinygemm.
+    0.14+ defaults to ``plain``, whose kernels (mslk / fbgemm-gpu-genai) labkit does not install; older: tinygemm.
 
     Args:
         config_class: ``torchao.quantization.Int4WeightOnlyConfig``. group_size: weights per scale.
