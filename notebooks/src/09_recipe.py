@@ -203,8 +203,7 @@ display.table(after.ops, ["operator", "kind", "calls", "self_ms", "total_ms", "s
 #
 # On a tensor-core GPU the matmuls and convolutions get much faster in fp16/bf16 and the step
 # becomes bound by everything else (elementwise kernels, normalization, the optimizer, casts): AMP's speed-up
-# (2-3x in PyTorch's AMP recipe) is less than the tensor cores' (a T4: 65 TFLOPS in fp16, 8.1 in fp32, its
-# datasheet). On a CPU
+# (2-3x, PyTorch's AMP recipe) is less than the tensor cores' (T4 datasheet: 65 TFLOPS fp16, 8.1 fp32). On a CPU
 # without bf16 instructions the convolutions get slower, bf16 being emulated in float32, and the casts'
 # share grows (the printed line says which happened here).
 #
@@ -310,8 +309,8 @@ assert (measured.time_ratio > 0).all() and (measured.size_ratio.dropna() > 0).al
 display.table(labkit.results.published("01_mixed_precision-speedup*", "09_recipe-*"))  # published, not ours
 
 # %% [markdown]
-# These numbers move with the hardware: on a CPU mixed precision often costs time; on a tensor-core GPU PyTorch's
-# AMP recipe reports 2-3x for it alone. The recipe that fits is the one measured where it will run.
+# These numbers move with the hardware: on a CPU mixed precision often costs time; on tensor-core GPUs PyTorch's
+# AMP recipe reports 2-3x. The recipe that fits is the one measured where it will run.
 #
 # ## 7. Your turn: the panel
 # Choose the stages and press **Run**; runs are cached, and the bars compare every setting run this session

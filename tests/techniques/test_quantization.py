@@ -168,7 +168,8 @@ def test_a_method_the_cpu_cannot_run_says_why_and_what_can(vit):
 
 
 def test_missing_torchao_is_an_install_hint(vit, monkeypatch):
-    monkeypatch.setattr(Q, "_installed", lambda package: package != "torchao")
+    real = Q.installed_version
+    monkeypatch.setattr(Q, "installed_version", lambda package: None if package == "torchao" else real(package))
     with pytest.raises(UnsupportedError, match=r"torchao is not installed; install the notebook's extra: "
                                                r"pip install 'labkit-finetune\[quant\]'"):
         Q.quantize(vit, "int8_weight_only")
