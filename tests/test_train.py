@@ -1,6 +1,7 @@
 import contextlib
 import dataclasses
 import json
+import threading
 
 import pytest
 import torch
@@ -30,6 +31,30 @@ def test_fit_measures_everything(tiny_cfg):
     assert res.precision_used == "fp32" and res.tf32 is False and res.env["device"] == "cpu"
     payload = json.loads(json.dumps(res.to_dict()))
     assert labkit.RunResult.from_dict(payload).to_dict() == res.to_dict()
+
+
+class _ThreadedDataParallel(torch.nn.DataParallel):
+    """DataParallel as it runs on two GPUs, on the CPU: the replica's forward in another thread."""
+
+    def __init__(self, module):
+        super().__init__(module, device_ids=[])
+
+    def forward(self, *inputs):
+        out = {}
+        thread = threading.Thread(target=lambda: out.update(y=self.module(*inputs)))
+        thread.start()
+        thread.join()
+        return out["y"]
+
+
+def test_flops_are_counted_under_data_parallel_threads(tiny_cfg):
+    """torch's FLOP counter sees only its own thread; DataParallel's replicas run in others."""
+    cfg = tiny_cfg.replace(evaluate=False)
+    plain = labkit.fit(cfg)
+    torch.manual_seed(cfg.seed)
+    model = labkit.models.build(cfg.model, train.run_splits(cfg)["train"].num_classes)[0]
+    threaded = labkit.fit(cfg, model=_ThreadedDataParallel(model))
+    assert threaded.flops_per_step == plain.flops_per_step > 0
 
 
 def test_flops_per_step_scale_with_batch(tiny_cfg):

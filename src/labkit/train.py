@@ -252,6 +252,19 @@ class Trainer:
     def _record_step(self, losses: torch.Tensor, index: int, images: torch.Tensor, labels: torch.Tensor) -> None:
         losses[index] = self.step(images, labels)
 
+    def _count_flops(self, step: Callable[[], None]) -> int:
+        """FLOPs of ``step()``. ``nn.DataParallel`` runs its replicas in threads, where torch's FLOP counter (a
+        thread-local dispatch mode) sees nothing: that step runs the module it wraps on the whole batch instead,
+        the same optimizer step on one device, whose FLOPs are the replicas' together."""
+        wrapper = self.model
+        if not isinstance(wrapper, torch.nn.DataParallel):
+            return measure.count_flops(step)
+        self.model = wrapper.module
+        try:
+            return measure.count_flops(step)
+        finally:
+            self.model = wrapper
+
     def batches(self, steps: int):
         """``steps`` training batches, starting a new (reshuffled) epoch when one runs out."""
         count = epoch = 0
@@ -302,7 +315,7 @@ class Trainer:
         for index, (images, labels) in enumerate(self.batches(steps)):
             record_step = functools.partial(self._record_step, losses, index, images, labels)
             if index == prof.warmup_steps:
-                flops = measure.count_flops(record_step)
+                flops = self._count_flops(record_step)
             elif index == prof.warmup_steps + 1:
                 breakdown = measure.track_step_memory(record_step, self.model, self.optimizer, device)
                 measure.reset_peak(device)  # CUDA peak statistics cover the timed steps only
