@@ -104,6 +104,10 @@ QUANTIZE_METHODS: dict[str, QuantizeMethod] = {m.name: m for m in (
                    linear_only=True),
     QuantizeMethod("int8_static", "int8 weights and activations, calibrated", "torch.ao FX (deprecated)", ("cpu",),
                    8, calibration=True),
+    # The same recipe by PT2E, FX graph mode's successor: an exported graph of int8 weights with quantize/dequantize
+    # around each int8 operation, computed in float until torch.compile lowers it to int8 kernels.
+    QuantizeMethod("int8_pt2e", "int8 static by PT2E: export, x86 quantizer, calibrate", "torchao PT2E", ("cpu",),
+                   8, calibration=True),
     QuantizeMethod("int4_weight_only", "4-bit Linear weights in groups", "torchao", ("cuda",), 4, linear_only=True),
     # LLM.int8(): int8 weights, and the few input features above a threshold (outliers) multiplied in 16 bits.
     QuantizeMethod("int8_bnb", "LLM.int8(): outlier features in 16 bits", "bitsandbytes", ("cpu", "cuda"), 8,

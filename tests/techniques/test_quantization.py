@@ -2,6 +2,7 @@
 smaller model that computes nearly what the float one does, and bad input gets a clear error."""
 
 import copy
+import sys
 import warnings
 
 import pytest
@@ -240,3 +241,99 @@ def test_int4_on_a_gpu_before_ampere_says_why_and_what_instead():
     with labkit.machine.described("t4"):
         why = Q.supported("int4_weight_only", "cuda")
     assert "tinygemm, on bf16 weights) need compute capability 8.0+; this GPU has 7.5" in why and "nf4_bnb" in why
+
+
+# --- PT2E: torch.export, the x86 quantizer, calibrate, convert ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return seeded("small_cnn")
+
+
+def test_pt2e_stores_int8_weights_and_only_what_its_graph_reads(cnn):
+    pytest.importorskip("torchao")
+    int8 = Q.quantize(cnn, "int8_pt2e", [inputs(16, seed=s) for s in range(2)])
+    state = int8.state_dict()
+    int8_weights = [k for k, v in state.items() if v.dtype == torch.int8]
+    assert len(int8_weights) == 8 and not any(v.dtype == torch.float32 and v.dim() == 4 for v in state.values())
+    assert measure.model_size_bytes(int8) < 0.3 * measure.model_size_bytes(cnn)  # the float weights are gone
+    assert Q.int8_layers(int8) == Q.int8_layers(Q.quantize(cnn, "int8_static", [inputs(16, seed=s) for s in range(2)]))
+    with torch.no_grad():
+        assert (int8(inputs(5)) - cnn(inputs(5))).abs().max() < 0.05 * cnn(inputs(5)).abs().max()  # any batch size
+
+
+def test_pt2e_int8_model_computes_its_fake_quantized_reference(cnn):
+    """The converted graph's output is its weights' and activations' int8 values computed in float: the prepared
+    graph with its observers' ranges frozen as fake quantization (torchao's own reference, `convert_pt2e` unfolded)."""
+    quantize_pt2e, _ = Q.pt2e.import_pt2e()
+    calibration = [inputs(16, seed=s) for s in range(2)]
+    model = copy.deepcopy(cnn)
+    prepared = quantize_pt2e.prepare_pt2e(Q.export(model, calibration[0]), Q.x86_quantizer(model))
+    with torch.no_grad():
+        for batch in calibration:
+            prepared(batch)
+        reference = quantize_pt2e.convert_pt2e(prepared, fold_quantize=False)  # weights quantized at every call
+        engine = Q.quantize(cnn, "int8_pt2e", calibration)
+        assert torch.allclose(engine(inputs()), reference(inputs()), atol=1e-6)
+    weight = next(v for v in engine.state_dict().values() if v.dtype == torch.int8)
+    scales = next(v for k, v in engine.state_dict().items() if k.startswith("_scale"))
+    integers = Q.quantize_affine(cnn.stem[0].weight.detach(), scales, torch.zeros_like(scales, dtype=torch.int64),
+                                 symmetric=True, dim=0)
+    assert weight.shape == cnn.stem[0].weight.shape and (weight.long() - integers).abs().max() <= 128  # BN folded in
+
+
+def test_pt2e_keep_float_leaves_those_layers_in_float(cnn, vit):
+    calibration = [inputs(16)]
+    kept = Q.quantize(cnn, "int8_pt2e", calibration, keep_float=("head", "stem"))
+    assert "head.2" not in Q.int8_layers(kept) and "stem.0" not in Q.int8_layers(kept)
+    assert "block1.0.0" in Q.int8_layers(kept) and len(Q.int8_layers(kept)) == 6
+    no_linear = Q.quantize(vit, "int8_pt2e", calibration, keep_float=("Linear",))
+    assert Q.int8_layers(no_linear) == ["stem.proj"]  # the patch embedding is a convolution
+
+
+def test_pt2e_qat_trains_with_fake_quantization_then_converts(cnn):
+    x, labels = inputs(16), torch.arange(16) % 10
+    prepared = Q.prepare_qat_pt2e(cnn, x[:4], keep_float=("head",))
+    assert prepared.labkit_name == "small_cnn"
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=0.05)
+    before = nn.functional.cross_entropy(prepared(x), labels)
+    for _ in range(5):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(prepared(x), labels).backward()
+        optimizer.step()
+    assert nn.functional.cross_entropy(prepared(x), labels) < before
+    int8 = Q.convert_qat_pt2e(prepared)
+    assert "head.2" not in Q.int8_layers(int8) and len(Q.int8_layers(int8)) == 7
+    assert measure.model_size_bytes(int8) < 0.35 * measure.model_size_bytes(cnn)
+    prepared.eval()
+    with torch.no_grad():
+        assert (int8(x) - prepared(x)).abs().max() < 0.2 * prepared(x).abs().max()
+    with pytest.raises(ConfigError, match=r"prepared='SmallCNN' is not allowed: a model returned by prepare_qat_pt2e"):
+        Q.convert_qat_pt2e(cnn)
+
+
+def test_pt2e_bad_input_names_the_field_and_what_is_allowed(cnn):
+    with pytest.raises(ConfigError, match=r"calibration=None is not allowed: a few batches of training inputs for "
+                                          r"'int8_pt2e'"):
+        Q.quantize(cnn, "int8_pt2e")
+    with pytest.raises(ConfigError, match=r"keep_float=\['blocks'\] is not allowed: module names of the model"):
+        Q.static_pt2e(cnn, [inputs()], keep_float=("blocks",))
+    with pytest.raises(ConfigError, match=r"example_inputs=torch.Size\(\[1, 3, 32, 32\]\) is not allowed: a batch of "
+                                          r"at least 2 inputs"):
+        Q.export(cnn, inputs(1))
+
+
+def test_pt2e_without_torchao_or_with_one_too_old_says_what_to_install(cnn, monkeypatch):
+    real = Q.installed_version
+    monkeypatch.setattr(Q, "installed_version", lambda package: None if package == "torchao" else real(package))
+    assert "int8_pt2e" not in Q.available("cpu")
+    with pytest.raises(UnsupportedError, match=r"method='int8_pt2e' cannot run here: torchao is not installed; "
+                                               r"install the notebook's extra"):
+        Q.quantize(cnn, "int8_pt2e", [inputs()])
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "torchao.quantization.pt2e.quantize_pt2e", None)  # as in a torchao without it
+    with pytest.raises(UnsupportedError, match=r"method='int8_pt2e' cannot run here: torchao \S+ has no PT2E flow "
+                                               r"\(torchao.quantization.pt2e with X86InductorQuantizer.*pip install -U "
+                                               r"torchao, keeping torch \(tested: 0.18.0\)"):
+        Q.quantize(cnn, "int8_pt2e", [inputs()])
