@@ -70,6 +70,7 @@ def test_find_max_batch_size_with_a_budget_is_exact(tiny_cfg):
     assert capacity.step_memory(tiny_cfg, best).peak_bytes == peaks[best]
     assert capacity.step_memory(tiny_cfg, best + 1).peak_bytes > budget
     assert search.budget_bytes == budget and search.device == "cpu" and search.elapsed_s > 0
+    assert search.limit == 65536 and search.limit_reason == "labkit's default limit, 65,536 samples"
 
 
 def test_search_with_grad_accum_tries_multiples_only(tiny_cfg):
@@ -78,7 +79,30 @@ def test_search_with_grad_accum_tries_multiples_only(tiny_cfg):
     assert all(p.batch_size % 4 == 0 for p in search.tried) and search.best % 4 == 0
     peaks = {p.batch_size: p.peak_bytes for p in search.tried}
     assert peaks[search.best] <= 12 * 2**20 < peaks[search.best + 4]
-    assert search.limit == 1000  # a multiple of 4
+    assert search.limit == 1000 and search.limit_reason == "the limit asked for"  # a multiple of 4
+
+
+def test_the_probe_counts_its_largest_activation_on_the_run_device(tiny_cfg):
+    from labkit.capacity.steps import _StepProbe
+
+    probe = _StepProbe(tiny_cfg)
+    images, _ = probe._inputs(1)
+    assert probe.activation_elements_per_sample() >= images[0].numel()  # at least what the stem takes in
+
+
+@pytest.mark.parametrize("machine, limit", [("t4", 2674), ("h200", 2674), ("cpu_bf16", 65536), ("cpu_avx2", 65536)])
+def test_search_limit_follows_the_machine(machine, limit):
+    """On CUDA a search stops where the largest activation reaches 2**31 elements; CPU kernels index with 64 bits."""
+    from labkit.capacity.search import default_limit
+
+    with labkit.machine.described(machine):
+        device = labkit.machine.here().device
+        found, reason = default_limit(device, 64 * 112 * 112)  # a ResNet-18 at 224 x 224: its first convolution
+    assert found == limit
+    assert ("32-bit indexing" in reason) == (device == "cuda")
+    assert default_limit("cuda", 10)[0] == 65536  # a small activation: the default binds first
+    with pytest.raises(ConfigError, match="elements_per_sample=None"):
+        default_limit("cuda", None)
 
 
 def test_the_step_measured_for_the_search_is_the_step_fit_measures(tiny_cfg):

@@ -264,7 +264,8 @@ assert engine.best == 300 and tried == mine, (tried, mine)  # the same sizes, in
 BUDGET = 2 * capacity.step_memory(cfg, cfg.batch_size).total_bytes  # a pretend GPU
 search = capacity.batch_search(cfg, budget_bytes=BUDGET)  # find_max_batch_size, keeping every probe
 print(f"largest batch within {BUDGET / 2**20:.3g} MiB: {search.best} "
-      f"({len(search.tried)} probes in {search.elapsed_s:.1f} s)")
+      f"({len(search.tried)} probes in {search.elapsed_s:.1f} s)"
+      + (f"; the search stopped at its limit, {search.limit_reason}" if search.hit_limit else ""))
 plots.batch_search(search);
 
 # %% jupyter={"source_hidden": true} tags=["check"]

@@ -118,3 +118,23 @@ def test_a_library_size_limit_on_a_large_gpu_backs_off_like_out_of_memory(messag
         return True
 
     assert search_batch_size(fits, start=256, limit=4096).best == 1000
+
+
+def test_index_safe_limit_keeps_the_largest_activation_within_32_bit_indexing():
+    from labkit.techniques.oom_backoff import INDEX_LIMIT_ELEMENTS, index_safe_limit
+
+    assert index_safe_limit(802_816) == 2674  # a ResNet-18's first convolution at 224 x 224
+    assert 2674 * 802_816 <= INDEX_LIMIT_ELEMENTS < 2675 * 802_816
+    assert index_safe_limit(802_816, grad_accum=4) == 4 * 2674  # per micro-batch
+    with pytest.raises(ConfigError, match="elements_per_sample.*0"):
+        index_safe_limit(0)
+
+
+def test_largest_activation_is_counted_per_sample():
+    import torchvision
+
+    from labkit.techniques.oom_backoff import largest_activation_elements
+
+    resnet = torchvision.models.resnet18(num_classes=10).eval()
+    assert largest_activation_elements(resnet, torch.zeros(2, 3, 224, 224)) == 64 * 112 * 112
+    assert largest_activation_elements(torch.nn.Linear(3, 5), torch.zeros(4, 3)) == 5

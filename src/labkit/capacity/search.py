@@ -16,7 +16,7 @@ import time
 from ..config import RunConfig
 from ..env import resolve_device
 from ..errors import ConfigError
-from ..techniques.oom_backoff import DEFAULT_LIMIT, BatchSearch, Probe, search_batch_size
+from ..techniques.oom_backoff import DEFAULT_LIMIT, BatchSearch, Probe, index_safe_limit, search_batch_size
 from ..units import mib
 from ..validate import check_positive_int, is_int, is_number
 from .steps import _StepProbe
@@ -30,7 +30,9 @@ def batch_search(cfg: RunConfig, budget_bytes: float | None = None, start: int |
         cfg: the run to size.
         budget_bytes: the memory to stay within, in bytes (e.g. ``256 * 2**20``); None on CUDA: the GPU's.
         start: the first size tried (default ``cfg.batch_size``); sizes double from there, then bisect.
-        limit: the largest size tried (default 65,536 = ``DEFAULT_LIMIT``); a result equal to it: more may fit.
+        limit: the largest size tried (default: 65,536 = ``DEFAULT_LIMIT``, and on CUDA at most the batch whose
+            largest activation has 2**31 - 1 elements, past which 32-bit-indexed kernels fail); a result equal to
+            it: more may fit (``BatchSearch.limit_reason`` says why the search stopped there).
 
     Returns:
         A `BatchSearch`: ``best``, and ``tried`` (``to_frame()`` for a table of sizes and measured peaks).
@@ -49,13 +51,18 @@ def batch_search(cfg: RunConfig, budget_bytes: float | None = None, start: int |
     elif not is_number(budget_bytes) or budget_bytes <= 0:
         raise ConfigError("budget_bytes", budget_bytes, "None (CUDA only) or a number of bytes > 0")
     grad_accum = cfg.grad_accum
-    limit = DEFAULT_LIMIT if limit is None else limit
-    check_positive_int("limit", limit)
+    if limit is not None:
+        check_positive_int("limit", limit)
     if start is not None and (not is_int(start) or start < 1 or start % grad_accum):
         raise ConfigError("start", start, f"a positive multiple of grad_accum={grad_accum}")
     started = time.perf_counter()
     probe = _StepProbe(cfg)
     state = probe.state_bytes
+    if limit is None:
+        elements = probe.activation_elements_per_sample() if device.type == "cuda" else None
+        limit, limit_reason = default_limit(device.type, elements, grad_accum)
+    else:
+        limit_reason = "the limit asked for"
     if budget_bytes is not None and budget_bytes < state["total"]:
         raise ConfigError("budget_bytes", budget_bytes,
                           f"at least the model's own {state['total']} bytes ({mib(state['total'], '.1f')}): "
@@ -94,7 +101,27 @@ def batch_search(cfg: RunConfig, budget_bytes: float | None = None, start: int |
                           "torch.cuda.empty_cache()), use bf16/fp16, or a smaller model")
     return BatchSearch(best=found.best * grad_accum, tried=tried, limit=max_micro * grad_accum,
                        budget_bytes=None if budget_bytes is None else int(budget_bytes), state_bytes=state,
-                       device=str(probe.device), elapsed_s=time.perf_counter() - started)
+                       device=str(probe.device), elapsed_s=time.perf_counter() - started, limit_reason=limit_reason)
+
+
+def default_limit(device_type: str, elements_per_sample: int | None, grad_accum: int = 1) -> tuple[int, str]:
+    """The largest batch a search tries on ``device_type``, and why: `DEFAULT_LIMIT`, or on CUDA the 32-bit limit.
+
+    Args:
+        device_type: ``cuda`` or ``cpu`` (CPU kernels index with 64 bits).
+        elements_per_sample: elements of the step's largest activation for one sample (needed on CUDA).
+        grad_accum: micro-batches per step.
+    """
+    default = (DEFAULT_LIMIT // grad_accum * grad_accum, f"labkit's default limit, {DEFAULT_LIMIT:,} samples")
+    if device_type != "cuda":
+        return default
+    if elements_per_sample is None:
+        raise ConfigError("elements_per_sample", None, "the largest activation's elements per sample on CUDA")
+    safe = index_safe_limit(elements_per_sample, grad_accum)
+    if safe >= default[0]:
+        return default
+    return safe, (f"32-bit indexing: the largest activation has {elements_per_sample:,} elements per sample, and "
+                  f"CUDA kernels that index with 32 bits take at most 2**31 - 1 elements, so {safe:,} samples")
 
 
 def find_max_batch_size(cfg: RunConfig, budget_bytes: float | None = None, start: int | None = None,

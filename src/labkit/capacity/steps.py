@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .. import measure, models, train
+from .. import data, measure, models, train
 from ..config import RunConfig
 from ..errors import ConfigError, LabkitError
 from ..result import MEMORY_CATEGORIES
-from ..techniques.precision import grad_scaler
+from ..techniques.oom_backoff import largest_activation_elements
+from ..techniques.precision import autocast, grad_scaler
 from ..validate import is_int
 from .accounting import model_training_memory
 
@@ -93,6 +94,14 @@ class _StepProbe:
             if self.trainer.optimizer.state:
                 break
         self._has_state = True
+
+    def activation_elements_per_sample(self) -> int:
+        """Elements of the largest activation of one sample (a forward at the smallest batch, under autocast)."""
+        trainer = self.trainer
+        images, _ = self._inputs(self.min_micro_batch)
+        x = data.to_model_input(images, trainer.train_split, self.device, self.cfg.channels_last, self.cfg.image_size)
+        with autocast(trainer.precision, self.device):
+            return largest_activation_elements(self.model, x)
 
     def check(self, batch_size) -> None:
         cfg = self.cfg

@@ -26,6 +26,49 @@ from ..errors import ConfigError
 from ..validate import check_positive_int
 
 DEFAULT_LIMIT = 2**16  # the largest batch a search tries unless told otherwise: 65,536 samples
+# Many CUDA kernels index a tensor with 32-bit integers: past 2**31 - 1 elements they raise (canUse32BitIndexMath)
+# or, in some library kernels, misbehave. On a large GPU a batch search reaches that size before memory runs out.
+INDEX_LIMIT_ELEMENTS = 2**31 - 1
+
+
+def index_safe_limit(elements_per_sample: int, grad_accum: int = 1) -> int:
+    """The largest batch whose largest activation stays within 32-bit indexing (`INDEX_LIMIT_ELEMENTS`).
+
+    Args:
+        elements_per_sample: elements of the step's largest activation for one sample (e.g. a ResNet-18's first
+            convolution at 224x224: 64 x 112 x 112 = 802,816).
+        grad_accum: micro-batches per step; the limit holds per micro-batch, so the batch is a multiple of it.
+
+    Example:
+        >>> index_safe_limit(802_816)
+        2674
+    """
+    check_positive_int("elements_per_sample", elements_per_sample)
+    check_positive_int("grad_accum", grad_accum)
+    return INDEX_LIMIT_ELEMENTS // elements_per_sample * grad_accum
+
+
+def largest_activation_elements(model: torch.nn.Module, inputs: torch.Tensor) -> int:
+    """Elements of the largest tensor any module of ``model`` outputs for ``inputs``, per sample (no gradients).
+
+    Args:
+        model: the model. inputs: a batch of its inputs (the first dimension is the batch).
+    """
+    largest = [0]
+
+    def record(_module, _args, output):
+        for tensor in output if isinstance(output, (tuple, list)) else (output,):
+            if isinstance(tensor, torch.Tensor):
+                largest[0] = max(largest[0], tensor.numel())
+
+    handles = [module.register_forward_hook(record) for module in model.modules()]
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return max(1, -(-largest[0] // inputs.shape[0]))
 
 
 class Probe(NamedTuple):
@@ -47,6 +90,7 @@ class BatchSearch:
         budget_bytes: the memory budget (None: fit means "no out-of-memory error").
         state_bytes: the model's own memory before any sample (parameters, gradients, optimizer state, total).
         device: where the probes ran; elapsed_s: how long the search took.
+        limit_reason: why ``limit`` is what it is (labkit's default, 32-bit indexing on CUDA, or asked for).
     """
 
     best: int
@@ -56,6 +100,7 @@ class BatchSearch:
     state_bytes: dict = field(default_factory=dict)
     device: str = "cpu"
     elapsed_s: float = math.nan
+    limit_reason: str | None = None
 
     @property
     def hit_limit(self) -> bool:
