@@ -130,6 +130,30 @@ def test_compare_refuses_unknown_methods(cfgs):
         lab.compare({}, methods=("fp32",))
 
 
+def test_fx_and_pt2e_static_int8_are_compared_on_the_same_fine_tune(cfgs):
+    frame = lab.flows(cfgs["small_cnn"], num_calibration=2)
+    assert list(frame.method) == ["fp32", "int8_static", "int8_pt2e"] and frame.size_vs_fp32.iloc[0] == 1
+    fx, pt2e = frame.iloc[1], frame.iloc[2]
+    assert fx.int8_layers == pt2e.int8_layers == 8 and frame.same_layers.iloc[1:].all()  # 7 convolutions, the head
+    assert 0.2 < pt2e.size_vs_fp32 < 0.3 and abs(pt2e.size_vs_fp32 - fx.size_vs_fp32) < 0.02
+    assert frame.test_accuracy.between(0, 1).all() and frame.accuracy_drop.iloc[0] == 0
+    assert "PT2E" in frame.flow.iloc[2] and "deprecated" in frame.flow.iloc[1]
+    text = flat(lab.flows_finding(frame, "small_cnn"))
+    assert text.startswith("small_cnn, static int8: PT2E ")
+    assert f"{pt2e.test_accuracy:.1%} against FX {fx.test_accuracy:.1%}" in text and "the same 8 layers in int8" in text
+    assert "test noise" in text
+    differs = frame.assign(same_layers=[True, True, False], int8_layers=[0, 8, 7])
+    assert "different layers in int8 (8 by FX, 7 by PT2E)" in flat(lab.flows_finding(differs))
+    assert lab.flows(cfgs["small_cnn"], num_calibration=2).equals(frame)  # read back from the cache
+
+
+def test_pt2e_is_a_method_beside_the_others_but_not_timed_in_the_table():
+    methods = lab.methods_table().set_index("method")
+    assert methods.loc["int8_pt2e", "library"] == "torchao PT2E" and methods.loc["int8_pt2e", "calibration"]
+    assert "int8_pt2e" not in lab.TABLE_METHODS and "int8_static" in lab.TABLE_METHODS
+    assert labkit.RunConfig(quantize="int8_pt2e").quantize == "int8_pt2e"
+
+
 def test_compare_always_measures_the_fp32_reference(cfgs):
     table = lab.compare({"small_cnn": cfgs["small_cnn"]}, methods=("int8_static",), num_calibration=1,
                         progress=False)

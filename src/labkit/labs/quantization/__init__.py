@@ -7,6 +7,8 @@ One module per section of the notebook:
 - `schemes` (section 1): one weight quantized four ways (symmetric or not, per tensor or per channel), its error.
 - `methods` (section 2): every method of `labkit.techniques.quantization.METHODS` and QAT on both models: file
   size, CPU latency, GPU latency where there is a GPU, accuracy; the timing noise measured in the same run.
+- `flows` (section 2): static int8 by FX graph mode (torch.ao, deprecated) and by PT2E (torchao): size, accuracy,
+  the layers each stores in int8.
 - `claims` (section 3): popular claims tested: file size, fp16's speed, fp16 with int8 dynamic.
 - `sensitivity` (section 3.4): which layers to keep in float, on the validation split.
 - `qat` (section 4): fine-tune then quantize against quantization-aware fine-tuning.
@@ -16,6 +18,7 @@ The mechanisms are in `labkit.techniques.quantization`; the explanations are in 
 """
 
 from .claims import Stacking, fp16_finding, size_finding, stacking
+from .flows import FLOWS, flows, flows_finding
 from .methods import (
     CPU_BATCH_BESIDE_GPU,
     TABLE_METHODS,
@@ -56,11 +59,11 @@ from .workload import (
 )
 
 __all__ = [
-    "CALIBRATION_BATCHES", "CPU_BATCH_BESIDE_GPU", "EVAL_IMAGES", "KEEP_FLOAT_CHOICES", "QAT", "SIMULATED_BITS",
-    "SIMULATED_CHOICES", "TABLE_METHODS", "VIT", "QuantRun", "Stacking", "accuracy_noise", "api_finding",
-    "calibration_batches", "chart_metrics", "compare", "compare_finding", "eval_accuracy", "extra_steps",
-    "fine_tuned", "fp16_finding", "library_versions", "linear_share", "methods_columns", "methods_table",
-    "own_size_numbers", "panel_estimate", "panel_run", "qat_finding", "qat_model", "qat_vs_ptq", "scheme_errors",
-    "scheme_finding", "sensitivity", "sensitivity_finding", "size_finding", "speed_verdict", "stacking",
-    "table_columns", "workloads",
+    "CALIBRATION_BATCHES", "CPU_BATCH_BESIDE_GPU", "EVAL_IMAGES", "FLOWS", "KEEP_FLOAT_CHOICES", "QAT",
+    "SIMULATED_BITS", "SIMULATED_CHOICES", "TABLE_METHODS", "VIT", "QuantRun", "Stacking", "accuracy_noise",
+    "api_finding", "calibration_batches", "chart_metrics", "compare", "compare_finding", "eval_accuracy",
+    "extra_steps", "fine_tuned", "flows", "flows_finding", "fp16_finding", "library_versions", "linear_share",
+    "methods_columns", "methods_table", "own_size_numbers", "panel_estimate", "panel_run", "qat_finding", "qat_model",
+    "qat_vs_ptq", "scheme_errors", "scheme_finding", "sensitivity", "sensitivity_finding", "size_finding",
+    "speed_verdict", "stacking", "table_columns", "workloads"
 ]

@@ -48,7 +48,15 @@ from .fx import _silence_deprecations as _silence_deprecations
 from .fx import convert_qat, module_int8_layers, prepare_qat
 from .fx import dynamic as _dynamic
 from .fx import static as _static
-from .pt2e import convert_qat_pt2e, export, graph_int8_layers, prepare_qat_pt2e, static_pt2e, x86_quantizer
+from .pt2e import (
+    allow_train_eval,
+    convert_qat_pt2e,
+    export,
+    graph_int8_layers,
+    prepare_qat_pt2e,
+    static_pt2e,
+    x86_quantizer,
+)
 from .with_bitsandbytes import BNB_CPU_BLOCK_N
 from .with_bitsandbytes import bnb_quantize as _bnb_quantize
 from .with_torchao import INT4_GROUP_SIZES, INT4_PACKING, int4_config
@@ -56,10 +64,10 @@ from .with_torchao import torchao_quantize as _torchao_quantize
 
 __all__ = [
     "BNB_CPU_BLOCK_N", "CASTS", "INSTALL_HINT", "INT4_GROUP_SIZES", "INT4_PACKING", "METHODS", "SIMULATED_METHODS",
-    "TORCHAO_REQUIREMENT", "TORCHAO_TESTED", "Cast", "Method", "affine_qparams", "available", "convert_qat",
-    "convert_qat_pt2e", "dequantize_affine", "export", "fake_quantize_weights", "installed_version", "int4_config",
-    "int8_layers", "prepare_qat", "prepare_qat_pt2e", "quantize", "quantize_affine", "static_pt2e", "supported",
-    "x86_quantizer",
+    "TORCHAO_REQUIREMENT", "TORCHAO_TESTED", "Cast", "Method", "affine_qparams", "allow_train_eval", "available",
+    "convert_qat", "convert_qat_pt2e", "dequantize_affine", "export", "fake_quantize_weights", "installed_version",
+    "int4_config", "int8_layers", "prepare_qat", "prepare_qat_pt2e", "quantize", "quantize_affine", "static_pt2e",
+    "supported", "x86_quantizer",
 ]
 # The private names the rest of labkit and its tests reach for, under their old names; a test that monkeypatches
 # `installed_version`, `supported` or `_torchao_quantize` here changes what `quantize` and `supported` call.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import types
 from collections.abc import Iterable
 
 import torch
@@ -96,41 +97,65 @@ def static_pt2e(model: nn.Module, calibration, keep_float: Iterable[str] = ()) -
     with torch.no_grad():
         for batch in batches:  # the observers record each activation's range
             prepared(batch.cpu())
-    return store_what_the_graph_reads(quantize_pt2e.convert_pt2e(prepared))
+    return _usable(quantize_pt2e.convert_pt2e(prepared))
 
 
 def prepare_qat_pt2e(model: nn.Module, example_inputs: torch.Tensor,
                      keep_float: Iterable[str] = ()) -> torch.fx.GraphModule:
     """A PT2E copy of ``model`` that fake-quantizes weights and activations, in training mode, ready to fine-tune.
 
-    ``.train()`` and ``.eval()`` work on it (they switch BatchNorm and dropout in the graph); it keeps ``labkit_name``
-    so that `labkit.fit(cfg, model=...)` trains it like the original; `convert_qat_pt2e` makes it int8.
+    ``.train()`` and ``.eval()`` switch its BatchNorm and dropout (`allow_train_eval`); it keeps ``labkit_name``, so
+    that `labkit.fit(cfg, model=...)` trains it like the original; `convert_qat_pt2e` makes it int8.
 
     Example:
         >>> qat = prepare_qat_pt2e(model, images[:8]); labkit.fit(cfg, model=qat); int8 = convert_qat_pt2e(qat)
     """
     quantize_pt2e, _ = import_pt2e()
-    from torchao.quantization.pt2e import allow_exported_model_train_eval
-
     copied = copy.deepcopy(model).cpu().train()
     prepared = quantize_pt2e.prepare_qat_pt2e(export(copied, example_inputs.cpu()),
                                               x86_quantizer(copied, keep_float, qat=True))
-    allow_exported_model_train_eval(prepared)  # its train() and eval() return None, unlike nn.Module's
     prepared.labkit_name = getattr(model, "labkit_name", None)
-    prepared.train()
-    return prepared
+    return allow_train_eval(prepared).train()
 
 
 def convert_qat_pt2e(prepared: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """The int8 model of a `prepare_qat_pt2e` model after its fine-tune (a copy, on the CPU, in eval mode)."""
     quantize_pt2e, _ = import_pt2e()
-    from torchao.quantization.pt2e import FakeQuantizeBase, move_exported_model_to_eval
+    from torchao.quantization.pt2e import FakeQuantizeBase
 
     if not isinstance(prepared, torch.fx.GraphModule) or not any(
             isinstance(m, FakeQuantizeBase) for m in prepared.modules()):
         raise ConfigError("prepared", type(prepared).__name__, "a model returned by prepare_qat_pt2e")
-    copied = move_exported_model_to_eval(copy.deepcopy(prepared).cpu())
-    return store_what_the_graph_reads(quantize_pt2e.convert_pt2e(copied))
+    copied = allow_train_eval(copy.deepcopy(prepared).cpu()).eval()
+    return _usable(quantize_pt2e.convert_pt2e(copied))
+
+
+def _usable(converted: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A converted graph whose file is the int8 model's and that switches modes as code for an ``nn.Module`` does."""
+    return allow_train_eval(store_what_the_graph_reads(converted))
+
+
+def _train(self, mode: bool = True):
+    from torchao.quantization.pt2e import move_exported_model_to_eval, move_exported_model_to_train
+
+    (move_exported_model_to_train if mode else move_exported_model_to_eval)(self)
+    self.training = mode
+    return self
+
+
+def _eval(self):
+    return self.train(False)
+
+
+def allow_train_eval(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``graph`` (changed in place) with ``.train()`` / ``.eval()`` that switch its BatchNorm and dropout and return it.
+
+    An exported graph refuses both; torchao's ``allow_exported_model_train_eval`` allows them but returns None,
+    which breaks ``model = model.eval()``.
+    """
+    graph.train = types.MethodType(_train, graph)
+    graph.eval = types.MethodType(_eval, graph)
+    return graph
 
 
 def store_what_the_graph_reads(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
