@@ -132,6 +132,18 @@ def _next_line(source: Path) -> str:
     return f"**Next:** [{later[0].stem[:2]} · {title}]({name})"
 
 
+# The setup cell's lines for a notebook that needs torchao: the release built for the torch it finds (pip cannot
+# choose it; see labkit.project.TORCHAO_FOR_TORCH).
+TORCHAO_INSTALL = """
+if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
+    import torch
+    from labkit.project import torchao_requirement
+
+    TORCHAO = torchao_requirement(torch.__version__)  # the torchao release built for this torch
+    %pip install -q "{TORCHAO}"
+""".rstrip("\n")
+
+
 def build(source: Path) -> nbformat.NotebookNode:
     """The notebook built from ``source``: the template's cells around the source's, without outputs."""
     template = jupytext.read(TEMPLATE, fmt="py:percent")
@@ -143,6 +155,7 @@ def build(source: Path) -> nbformat.NotebookNode:
     values = {
         "number": source.stem[:2], "title": title, "badges": project.badges(name), "header": header,
         "install_spec": project.install_spec(name), "next": _next_line(source),
+        "torchao_install": TORCHAO_INSTALL if name in project.NEEDS_TORCHAO else "",
         "package": f"`{project.DISTRIBUTION}[{','.join(extras)}]`" if extras else f"`{project.DISTRIBUTION}`",
     }
     cells = []  # (cell, from the template)

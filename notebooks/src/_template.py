@@ -40,7 +40,7 @@ except ModuleNotFoundError:  # the install above failed, or this Jupyter is not 
     raise SystemExit(
         "labkit is not installed. On Kaggle: Settings > Internet on (or add labkit's wheel as a dataset and "
         "%pip install it), then run this cell again. On Colab: run it again. Locally: start with `make lab`."
-    ) from None
+    ) from None{{torchao_install}}
 
 # %% [markdown]
 # {{body}}

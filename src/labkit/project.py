@@ -13,6 +13,44 @@ REPO_URL = f"https://github.com/{REPO}"
 NOTEBOOK_EXTRAS = {"03_memory_savers.ipynb": ("memory",), "06_quantization.ipynb": ("quant",),
                    "08_lora.ipynb": ("lora", "memory"), "09_recipe.ipynb": ("memory",)}
 
+# torchao's compiled kernels are built against one torch release, and a torchao too new for the installed torch
+# fails to import (torchao 0.18 on torch 2.9: "cannot import name 'ScalingType'"), which also breaks PEFT, since
+# PEFT imports torchao when it is installed. pip cannot choose by the installed torch, so the quant extra leaves
+# torchao out and the notebook's setup cell installs the release built for the torch it finds. From torchao's
+# compatibility table (https://github.com/pytorch/ao/issues/2919; 0.18 needs torch 2.11+, its release notes):
+# (oldest torch, torchao), newest first.
+TORCHAO_FOR_TORCH = (((2, 11), "0.18.0"), ((2, 10), "0.16.0"), ((2, 9, 1), "0.15.0"), ((2, 9), "0.14.1"),
+                     ((2, 8), "0.13.0"), ((2, 5), "0.12.0"))
+# Notebooks whose setup cell installs a torchao matched to the torch it finds.
+NEEDS_TORCHAO = ("06_quantization.ipynb",)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``2.9.1+cu128`` -> (2, 9, 1): the release numbers of a version string."""
+    numbers = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if not part.isdigit():  # 2.10.0a0, 2.9.0rc1: a pre-release of this number
+            break
+    return tuple(numbers)
+
+
+def torchao_requirement(torch_version: str) -> str:
+    """The torchao release to install beside ``torch_version``: the one built against it (`TORCHAO_FOR_TORCH`).
+
+    Example:
+        >>> torchao_requirement("2.9.1+cu128")
+        'torchao==0.15.0'
+    """
+    release = _release(torch_version)
+    for oldest, torchao in TORCHAO_FOR_TORCH:
+        if release >= oldest:
+            return f"torchao=={torchao}"
+    raise ValueError(f"torch_version={torch_version!r} is not allowed: torch 2.5 or newer (labkit's floor)")
+
 
 def install_spec(notebook: str | None = None) -> str:
     """What the Colab/Kaggle setup cell of ``notebook`` installs, with the extras it needs.

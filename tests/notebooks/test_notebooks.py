@@ -78,9 +78,10 @@ def test_setup_cell_installs_only_on_colab_or_kaggle_and_never_torch(path):
     install_cell, setup_cell = (source(c) for c in cells(path, "code")[:2])
     setup = install_cell + "\n" + setup_cell
     install = [line for line in setup.splitlines() if line.lstrip().startswith("%pip install")]
-    assert len(install) == 1 and install[0].startswith("    "), "the install must sit inside the platform check"
+    assert len(install) == 1 + (path.name in project.NEEDS_TORCHAO)  # labkit, and torchao matched to the torch
+    assert all(line.startswith("    ") for line in install), "the install must sit inside the platform check"
     assert "google.colab" in setup and "KAGGLE_KERNEL_RUN_TYPE" in setup
-    assert "torch" not in install[0].replace(project.DISTRIBUTION, "")
+    assert not any("torch" in line.replace(project.DISTRIBUTION, "") for line in install)
     assert "labkit.env_report()" in setup_cell and "labkit.profile()" in setup_cell
 
 
@@ -107,6 +108,39 @@ def test_a_failed_install_stops_with_what_to_do(path, monkeypatch):
         exec(compile(code, path.name, "exec"), {"get_ipython": lambda: shell})
     assert stop.value.__cause__ is None and stop.value.__suppress_context__  # no ModuleNotFoundError traceback
     assert shell.magics == [f"%pip install -q \"{project.install_spec(path.name)}\""]
+
+
+@pytest.mark.parametrize("torch_version, torchao", [("2.9.1+cu128", "0.15.0"), ("2.14.1", "0.18.0")])
+def test_the_quantization_setup_installs_the_torchao_built_for_the_torch_it_finds(torch_version, torchao,
+                                                                                 monkeypatch):
+    """torchao 0.18 cannot import on Colab's torch 2.9 (and PEFT imports it when present): pip cannot choose."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    path = ROOT / "notebooks" / project.NEEDS_TORCHAO[0]
+    code = TransformerManager().transform_cell(source(cells(path, "code")[0]))
+    monkeypatch.setitem(sys.modules, "google.colab", object())
+    monkeypatch.setattr("torch.__version__", torch_version)
+    shell, namespace = FakeShell(), {}
+    namespace["get_ipython"] = lambda: shell
+    exec(compile(code, path.name, "exec"), namespace)
+    assert [m.format(**namespace) for m in shell.magics] == [
+        f"%pip install -q \"{project.install_spec(path.name)}\"", f"%pip install -q \"torchao=={torchao}\""]
+
+
+def test_torchao_requirement_follows_torchaos_table():
+    assert project.torchao_requirement("2.5.1") == "torchao==0.12.0"  # labkit's floor
+    assert project.torchao_requirement("2.8.0+cu126") == "torchao==0.13.0"
+    assert project.torchao_requirement("2.9.0") == "torchao==0.14.1"
+    assert project.torchao_requirement("2.10.0a0+git1234") == "torchao==0.16.0"
+    with pytest.raises(ValueError, match=r"torch_version='2.4.1' is not allowed: torch 2.5 or newer"):
+        project.torchao_requirement("2.4.1")
+
+
+def test_no_extra_pulls_torchao():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not [(name, r) for name, reqs in extras.items() if name != "dev" for r in reqs if r.startswith("torchao")]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
