@@ -8,14 +8,13 @@
 #
 # **You will learn**
 # 1. affine quantization in plain PyTorch: scale, zero point, symmetric or not, per tensor or per channel;
-# 2. every common method on both models: file size, latency, accuracy; torchao's `quantize_` beside the
-#    deprecated `torch.ao` API;
+# 2. every common method on both models: file size, latency, accuracy; torchao's `quantize_` and PT2E beside the
+#    deprecated `torch.ao` APIs;
 # 3. which claims hold: "4x smaller", "fp16 is fastest", "fp16 and int8 stack", "no accuracy lost";
 # 4. fine-tune then quantize (PTQ) against quantization-aware fine-tuning (QAT).
 #
-# **What you need:** notebook 00. A CPU is fine; most of this runs there (`torch.ao`'s int8 kernels are CPU-only).
-# On a GPU the table adds GPU latencies and torchao's int4; on a CPU those say "not run here". Sizes and
-# accuracies are exact anywhere; on the small `ci`/`quick` models some speed differences lie within the timing
+# **What you need:** notebook 00. A CPU is fine (`torch.ao`'s int8 kernels are CPU-only). On a GPU the table adds
+# GPU latencies and torchao's int4. On the small `ci`/`quick` models some speed differences lie within the timing
 # noise, and the findings say so.
 
 # %%
@@ -162,11 +161,10 @@ for method in ("fp16", "bf16", "int8_dynamic", "int8_weight_only", "int8_bnb"):
         assert t.accuracy_drop[(vit_cfg.model, method)] <= noise + 0.02, method
 
 # %% [markdown]
-# Latencies are at batch 64 (8 for CPU copies beside a GPU), timed in turns, with fp32 timed twice: the gap
-# between the two is the **timing noise**, and a speed-up inside it counts as "the same". The gain is bounded by
-# the time in the layers int8 replaces: softmax, LayerNorm and GELU stay in float, so a model at 50 % Linear time
-# cannot run more than 2x faster (Amdahl's law). int8 gains most on CPUs with int8 dot-product instructions
-# (AVX512-VNNI, AMX). The `int8_qat` row had extra fine-tuning steps.
+# Latencies are timed in turns, with fp32 timed twice: the gap between the two is the **timing noise**, and a
+# speed-up inside it counts as "the same". The gain is bounded by the time in the layers int8 replaces: softmax,
+# LayerNorm and GELU stay in float, so a model at 50 % Linear time cannot run more than 2x faster (Amdahl's law).
+# int8 gains most on CPUs with AVX512-VNNI or AMX. The `int8_qat` row had extra fine-tuning steps.
 #
 # **Two APIs.** `torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)` is what most
 # tutorials use: deprecated since torch 2.10, CPU only. torchao's `quantize_(model,
@@ -177,14 +175,62 @@ for method in ("fp16", "bf16", "int8_dynamic", "int8_weight_only", "int8_bnb"):
 print(lab.api_finding(table))
 
 # %% [markdown]
-# In eager mode torchao quantizes activations in separate operations, `quantize_dynamic` in one fused kernel, so
-# either may win here; `torch.compile` fuses torchao's.
+# In eager mode torchao quantizes activations in separate operations, `quantize_dynamic` in one fused kernel.
 
 # %% [markdown]
 # Published figures for scale (int8 in PyTorch's blog and documentation; measured elsewhere, not here):
 
 # %%
 display.table(labkit.results.published("06_quantization-speedup*", "06_quantization-size*", "06_quantization-compute*"))
+
+# %% [markdown]
+# **Two flows for static int8.** The table's `int8_static` is FX graph mode (`torch.ao`'s `prepare_fx` /
+# `convert_fx`), which PyTorch is retiring. Its successor, **PT2E** (torchao), exports the model, lets a quantizer
+# mark what to quantize, calibrates, converts:
+
+# %%
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+
+calibration = lab.calibration_batches(cnn_cfg)
+model = copy.deepcopy(cnn).cpu().eval()
+graph = torch.export.export(model, (calibration[0],), dynamic_shapes=({0: torch.export.Dim("batch")},)).module()
+quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+prepared = prepare_pt2e(graph, quantizer)  # an observer on every tensor the quantizer marked
+with torch.no_grad():
+    for images in calibration:  # the observers record each activation's range
+        prepared(images)
+int8_graph = convert_pt2e(prepared)  # int8 weights; quantize -> dequantize around each int8 operation
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the plain lines give the engine's int8_pt2e model (the same outputs), and both flows quantize the same layers
+engine = quantization.quantize(cnn, "int8_pt2e", calibration)
+with torch.no_grad():
+    assert torch.allclose(int8_graph(calibration[0]), engine(calibration[0]), atol=1e-5)
+fx_int8 = quantization.quantize(cnn, "int8_static", calibration)
+assert quantization.int8_layers(engine) == quantization.int8_layers(fx_int8) != []
+
+# %% [markdown]
+# **Predict first.** Will PT2E's accuracy differ from FX's on the CNN, beyond the noise?
+
+# %%
+guess_pt2e_points = None  # YOUR GUESS: PT2E accuracy - FX accuracy, in points, e.g. 0
+
+# %%
+flows = lab.flows(cnn_cfg)  # the table's FX row beside PT2E, the same calibration batches
+print(lab.flows_finding(flows, cnn_cfg.model))
+print(guesses.versus(guess_pt2e_points, (flows.test_accuracy.iloc[2] - flows.test_accuracy.iloc[1]) * 100,
+                     "PT2E - FX, points"))
+display.table(flows, ["flow", "model_size_bytes", "size_vs_fp32", "test_accuracy", "int8_layers", "same_layers"])
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: both flows stored the same layers in int8 and shrank the CNN alike
+assert flows.same_layers.iloc[1:].all() and (flows.size_vs_fp32.iloc[1:] < 0.35).all()
+
+# %% [markdown]
+# Both use one x86 recipe (int8 weights per channel, uint8 activations): the same layers, nearly the same numbers.
+# The PT2E graph stores int8 weights but computes in float32 around quantize/dequantize steps, so its latency here is
+# not int8's speed; `torch.compile` lowers it to int8 kernels (47 s for this CNN on a 2-core CPU).
 
 # %% [markdown]
 # ## 3. Four popular claims, tested
@@ -208,8 +254,8 @@ print(lab.fp16_finding(table))
 
 # %% [markdown]
 # fp16 always halves the file, but it is faster only where the hardware computes in fp16: GPUs with tensor cores
-# (T4 and later). Most CPUs have no fp16 arithmetic (AVX512-FP16 is recent), so each operation converts to float32
-# and back, slower than fp32. bf16 is native on CPUs with AVX512-BF16 or AMX and on Ampere+ GPUs.
+# (T4 and later). Most CPUs lack fp16 arithmetic, so each operation converts to float32 and back. bf16 is native on
+# CPUs with AVX512-BF16 or AMX and on Ampere+ GPUs.
 #
 # ### 3.3 "Cast to fp16, then quantize to int8, for the smallest model"
 
@@ -222,9 +268,9 @@ print(stack)
 assert stack.fp16_input_error is not None and stack.int8_bytes < stack.fp16_bytes
 
 # %% [markdown]
-# With `torch.ao`'s int8 dynamic quantization they do not stack: it stores the Linear weights in 1 byte and its
-# kernels take float32 activations, so fp16 inputs fail in the int8 layers and fp32 inputs in the layers left in
-# fp16. That holds for this API, not in general: torchao's int8 weight-only layers run on a bf16 or fp16 model.
+# With `torch.ao`'s int8 dynamic quantization they do not stack: its kernels take float32 activations, so fp16
+# inputs fail in the int8 layers and fp32 inputs in the fp16 layers. torchao's int8 weight-only layers do run on an
+# fp16 model.
 #
 # ### 3.4 "Quantization costs no accuracy"
 # When accuracy falls, a few sensitive layers usually carry the loss: the first (it sees raw pixels), the last
@@ -249,9 +295,9 @@ assert set(sensitive.study) == {"fp32", "int8 static", *(f"{b}-bit weights (simu
 
 
 # %% [markdown]
-# Where quantizing everything stays within the noise, the claim holds and there is nothing to win back. Fewer bits
-# make each step coarser, and the sensitive layers show first: the choice that won most back names the layer to
-# keep in float (chosen on validation, never test data). In `tiny_vit` the first and last layers hold under 3 % of
+# Where quantizing everything stays within the noise, the claim holds. Fewer bits make each step coarser, and the
+# sensitive layers show first: the choice that won most back names the layer to keep in float (chosen on
+# validation, never test data). In `tiny_vit` the first and last layers hold under 3 % of
 # the parameters: keeping them in float costs little.
 #
 # ## 4. Fine-tune then quantize, or quantization-aware training
@@ -344,8 +390,7 @@ panel
 #   weights. Both target language models on GPUs; on a CPU they run a slow fallback whose kernel needs a multiple
 #   of 32 outputs, so the 10-class head stays float and the CNN reports NF4 as not run. Notebook 08 uses NF4 for
 #   QLoRA.
-# - **PT2E static quantization** (torchao's `prepare_pt2e` / `convert_pt2e`) replaces FX graph mode:
-#   `torch.export` the model, quantize the graph, compile it (minutes on a small CPU, hence FX here).
+# - **PT2E to int8 kernels:** `torch.compile(int8_graph)`; QAT by PT2E: `quantization.prepare_qat_pt2e`.
 # - **GPTQ and AWQ** choose 4-bit weight rounding from calibration data; **SmoothQuant** moves activation
 #   outliers into the weights; **fp8** (H100 and later) is in torchao too.
 # - Colab and Kaggle preinstall their own torchao, sometimes older than the tested one (the first cell
@@ -359,7 +404,7 @@ panel
 #   int8 and QAT quantize convolutions too.
 # - fp16 and `torch.ao`'s int8 dynamic do not stack; torchao's weight-only int8 runs on a 16-bit model.
 # - When accuracy drops, keep the first, last and LayerNorm layers in float; QAT helps where PTQ loses.
-# - torchao's `quantize_` is the current API; `torch.ao.quantization` is deprecated.
+# - torchao's `quantize_` and PT2E are the current APIs; `torch.ao.quantization` is deprecated.
 
 # %% [markdown]
 # ## Further reading
