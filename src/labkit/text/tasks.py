@@ -61,7 +61,7 @@ class TokenData:
     Example:
         >>> splits = labkit.text.load_text_splits("digits_sort", 512, 128, 256, seq_len=32)
         >>> splits["train"][0]["input_ids"].shape
-        torch.Size([19])
+        torch.Size([17])
     """
 
     name: str
