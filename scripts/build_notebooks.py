@@ -136,10 +136,7 @@ def _next_line(source: Path) -> str:
 # choose it; see labkit.project.TORCHAO_FOR_TORCH).
 TORCHAO_INSTALL = """
 if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
-    import torch
-    from labkit.project import torchao_requirement
-
-    TORCHAO = torchao_requirement(torch.__version__)  # the torchao release built for this torch
+    TORCHAO = labkit.project.torchao_requirement()  # the torchao release built for the installed torch
     %pip install -q "{TORCHAO}"
 """.rstrip("\n")
 

@@ -2,6 +2,8 @@
 (`make notebooks` writes each notebook's badges and install cell from it, and a test checks that every
 committed notebook equals its build)."""
 
+from importlib import metadata
+
 __version__ = "0.1.0"
 REPO = "labkit-lab/labkit"
 BRANCH = "main"
@@ -38,13 +40,22 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(numbers)
 
 
-def torchao_requirement(torch_version: str) -> str:
+def installed_torch() -> str:
+    """The installed torch's version, read from its package metadata (torch itself is not imported)."""
+    return metadata.version("torch")
+
+
+def torchao_requirement(torch_version: str | None = None) -> str:
     """The torchao release to install beside ``torch_version``: the one built against it (`TORCHAO_FOR_TORCH`).
+
+    Args:
+        torch_version: e.g. ``2.9.1+cu128``; None: the installed torch's.
 
     Example:
         >>> torchao_requirement("2.9.1+cu128")
         'torchao==0.15.0'
     """
+    torch_version = installed_torch() if torch_version is None else torch_version
     release = _release(torch_version)
     for oldest, torchao in TORCHAO_FOR_TORCH:
         if release >= oldest:

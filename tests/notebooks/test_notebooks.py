@@ -119,7 +119,7 @@ def test_the_quantization_setup_installs_the_torchao_built_for_the_torch_it_find
     path = ROOT / "notebooks" / project.NEEDS_TORCHAO[0]
     code = TransformerManager().transform_cell(source(cells(path, "code")[0]))
     monkeypatch.setitem(sys.modules, "google.colab", object())
-    monkeypatch.setattr("torch.__version__", torch_version)
+    monkeypatch.setattr(project, "installed_torch", lambda: torch_version)
     shell, namespace = FakeShell(), {}
     namespace["get_ipython"] = lambda: shell
     exec(compile(code, path.name, "exec"), namespace)
