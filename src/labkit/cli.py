@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .bench import run_bench
+from .bench import DEFAULT_BUDGET_S, SUITES, run_bench, run_suite
 from .config import load_config, parse_yaml
 from .display import MAX_TABLE_COLUMNS, text_record, text_table
 from .env import env_report
@@ -80,9 +80,15 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    paths = run_bench(out_dir=Path(args.out) if args.out else None, profile_name=args.profile,
-                      experiments=args.experiments or None)
-    for path in paths:
+    """The notebooks' experiments, or a suite with ``--suite`` (exit 1 when one of its parts failed or timed out)."""
+    out = Path(args.out) if args.out else None
+    if args.suite:
+        report = run_suite(args.suite, out_dir=out, profile_name=args.profile, names=args.experiments or None,
+                           budget_s=DEFAULT_BUDGET_S if args.budget_s is None else args.budget_s)
+        return 1 if report.failed else 0
+    if args.budget_s is not None:
+        raise ConfigError("--budget-s", args.budget_s, f"only with --suite ({', '.join(SUITES)})")
+    for path in run_bench(out_dir=out, profile_name=args.profile, experiments=args.experiments or None):
         print(f"wrote {path}")
     return 0
 
@@ -125,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="the notebooks' experiments at the full profile -> reference JSON files")
     bench.add_argument("--out", help="folder for the JSON files (default: src/labkit/assets/reference)")
     bench.add_argument("--profile", default="full", choices=["ci", "quick", "full"], help="default: full")
-    bench.add_argument("experiments", nargs="*", help="notebook names, e.g. 01_mixed_precision (default: all)")
+    bench.add_argument("--suite", help=f"run a suite instead: {', '.join(SUITES)} (every GPU-only measurement of "
+                       "01-09, each part's file written as it finishes, failures recorded, the rest run)")
+    bench.add_argument("--budget-s", type=float, help=f"the suite's time budget in seconds (default "
+                       f"{DEFAULT_BUDGET_S:.0f}); parts that would overrun it are skipped, with the reason")
+    bench.add_argument("experiments", nargs="*", help="notebook names, e.g. 01_mixed_precision (default: all); with "
+                       "--suite, part or notebook names, e.g. 01_mixed_precision-compare 08_lora")
     sol = sub.add_parser("solutions", help="the notebooks' exercises with their worked solutions (for instructors)")
     sol.add_argument("names", nargs="*", help="exercise names, e.g. 01.amp_step (default: all)")
     return parser

@@ -1,0 +1,368 @@
+"""``labkit bench --suite gpu``: every GPU-only measurement of notebooks 01-09 in one command, within a time budget.
+
+The command a GPU session runs (no network needed; ``benchmarks/gpu_suite.sh`` does exactly this)::
+
+    pip install --no-deps --no-build-isolation -e . && labkit bench --suite gpu --out "$OUT"
+
+Each part calls its notebook's lab (`labkit.bench.parts`) and writes ``<notebook>-<part>-<gpu>-<date>.json`` as
+soon as it finishes, labelled with the GPU, its capability, torch's CUDA/cuDNN/NCCL builds and the date. The
+summary ``gpu_suite-summary-<gpu>-<date>.json`` (part, seconds, status, file, reason) is rewritten after every part,
+so an interruption keeps what finished. A part that raises is recorded there and the others go on; a part is
+skipped, with that reason, when its estimate would overrun the budget, and stopped at three times its estimate or
+the budget's end; one that cannot run here (DDP on one GPU) says why.
+
+Sizing (``full`` on one T4, the slowest GPU the lab promises): ResNet-18 at 128x128, batch 128, takes about
+0.13 s a step in fp32 and 0.05 s in fp16 (``benchmarks/size_full_workload.py``: FLOP counts at NVIDIA's published
+T4 rate); bf16 is emulated there (taken as 3x fp32). Every run is cut to `SUITE_STEPS` steps (5 warm-up, 2
+profiling, 33 timed: enough for a median and a p10-p90 spread) and costs about 6 s besides (model, cuDNN's
+autotuning, the profiling steps, the test split). Each part's estimate is runs x (steps x step time + 6 s):
+
+====================  ===  ===========================================================
+part                  s    what costs
+====================  ===  ===========================================================
+01 compare            55   4 runs: fp32 5 s, TF32 5 s (none on a T4), fp16 2 s, bf16 16 s
+01 memory             35   8 runs of 9 steps at batch 32-256, no evaluation
+01 layouts            40   4 runs: channels_last or not, fp32 and fp16
+02 search             30   about 16 one-step probes up to the 15 GiB cap
+03 staged             55   5 runs: baseline, +AMP, +checkpointing, +8-bit AdamW, all
+03 optimizers         25   2 new runs (the AdamW baseline is read from the cache)
+04 semi-structured    20   1 fine-tune, 4 evaluations, a 4096^2 fp16 matmul (sm80+)
+04 storage            25   CPU matmuls of the largest weight at 4 sparsities
+05 levels             55   5 runs, the frozen ones faster
+06 methods            70   tiny_vit fine-tune; 8 methods x 2 models built, timed, scored
+07 dp-vs-ddp          45   2+ GPUs only: torchrun start-up, DDP and DataParallel runs
+08 qlora              20   tiny_vit, 3 runs of 20 steps
+09 profiler           15   2 x (2 warm-up steps + 1 profiled step, a trace)
+====================  ===  ===========================================================
+
+About 445 s on one T4 (07 needs 2+ GPUs), under 8 minutes; an A100 or H200 takes a fraction of that. Offline,
+``full`` falls back (loudly) to ``small_cnn`` on ``shapes10``, cheaper still.
+
+At ``ci`` the same parts run on the CPU in seconds (``tests/test_bench.py``): a smoke test of every part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..config import RunConfig, baseline
+from ..display import text_table
+from ..env import env_report, profile
+from ..errors import ConfigError
+from ..labs import distributed, lora
+from ..results import write_reference
+from ..validate import is_number
+from . import parts
+from .common import Part, profile_env, provenance, reference_path, write_part
+
+SUITE_STEPS = 40
+DEFAULT_BUDGET_S = 450.0  # 7.5 minutes: the 8-minute target less Python's start-up and the final summary
+PART_LIMIT_FACTOR = 3.0  # a part is stopped at this many times its estimate (a hang must not take the rest)
+MIN_PART_LIMIT_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SuitePart:
+    """One part of a suite: its notebook, name, what it measures, its workloads and its estimate."""
+
+    notebook: str
+    name: str
+    run: Callable[..., Part]
+    workloads: tuple[str, ...]  # keys of `workloads`: the cfgs ``run`` takes, in order
+    estimate_s: float  # seconds on one T4 at `full` (see the module docstring)
+    measures: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.notebook}-{self.name}"
+
+
+GPU_SUITE = (
+    SuitePart("01_mixed_precision", "compare", parts.compare_01, ("cnn",), 55,
+              "fp32, TF32, fp16 + GradScaler, bf16: step time and peak memory (4 runs)"),
+    SuitePart("01_mixed_precision", "memory", parts.memory_01, ("cnn",), 35,
+              "peak memory in fp32 and 16 bits at batch 32, 64, 128, 256 (8 runs of 9 steps)"),
+    SuitePart("01_mixed_precision", "layouts", parts.layouts_01, ("cnn",), 40,
+              "channels_last against NCHW, fp32 and 16 bits (4 runs)"),
+    SuitePart("02_batch_size", "search", parts.search_02, ("cnn",), 30,
+              "the largest batch under a T4's 15 GiB: real out-of-memory back-off (about 16 one-step probes)"),
+    SuitePart("03_memory_savers", "staged", parts.staged_03, ("cnn",), 55,
+              "baseline, +AMP, +checkpointing, +8-bit AdamW, all: memory by category (5 runs)"),
+    SuitePart("03_memory_savers", "optimizers", parts.optimizers_03, ("cnn",), 25,
+              "AdamW, 8-bit AdamW, paged 8-bit AdamW (2 new runs)"),
+    SuitePart("04_pruning", "semi-structured", parts.semi_structured_04, ("cnn",), 20,
+              "2:4 sparsity: a 4096x4096 fp16 Linear's speed-up (sm80+), accuracy (1 fine-tune, 4 evaluations)"),
+    SuitePart("04_pruning", "storage", parts.storage_04, ("cnn",), 25,
+              "the largest weight dense, COO and CSR: bytes and (CPU) matmul time at 4 sparsities"),
+    SuitePart("05_freezing", "levels", parts.levels_05, ("cnn",), 55,
+              "step time, memory and backward FLOPs per freezing level (5 runs)"),
+    SuitePart("06_quantization", "methods", parts.methods_06, ("cnn", "vit"), 70,
+              "GPU latency of fp16, bf16, torchao int8/int4 (tinygemm, sm80+), bitsandbytes int8/NF4, both models"),
+    SuitePart("07_distributed", "dp-vs-ddp", parts.dp_vs_ddp_07, ("ddp",), 45,
+              "DataParallel against DDP over NCCL (2+ GPUs; one GPU: not run)"),
+    SuitePart("08_lora", "qlora", parts.qlora_08, ("vit",), 20,
+              "LoRA on an NF4 base against a 16-bit base: memory and step time (3 runs of 20 steps)"),
+    SuitePart("09_recipe", "profiler", parts.profiler_09, ("cnn",), 15,
+              "one step under torch.profiler with CUDA activity, fp32 and 16 bits"),
+)
+SUITES = {"gpu": GPU_SUITE}
+
+
+class PartTimeout(BaseException):  # noqa: N818 - a BaseException, so that a lab's `except Exception` lets it through
+    """A part ran past its time limit."""
+
+
+class SuiteStopped(BaseException):  # noqa: N818
+    """The process was asked to stop (SIGTERM, e.g. from ``timeout``)."""
+
+
+def _capped(cfg: RunConfig, steps: int) -> RunConfig:
+    return cfg.replace(max_steps=min(cfg.max_steps or steps, steps))
+
+
+def workloads(prof, cfg: RunConfig | None = None) -> dict[str, Callable[[], RunConfig]]:
+    """The suite's fine-tunes by key, built when first asked for (a failure fails only the parts that need it).
+
+    Args:
+        prof: the profile. cfg: a CNN run to use instead of the profile's (tests pass a tiny one).
+    """
+    steps = SUITE_STEPS
+
+    def vit() -> RunConfig:
+        return _capped(cfg.replace(model=lora.VIT, image_size=None) if cfg else lora.workload(prof), steps)
+
+    return {"cnn": lambda: _capped(cfg or baseline(prof), steps), "vit": vit,
+            "ddp": lambda: vit() if cfg else _capped(distributed.workload(prof), steps)}
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise `PartTimeout` after ``seconds`` (main thread on a POSIX system; elsewhere no limit)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise PartTimeout(f"stopped after {seconds:.0f} s, its time limit")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """Turn SIGTERM into `SuiteStopped`, so that the summary is written before the process ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SuiteStopped("stopped by SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _row_errors(part: Part) -> list[str]:
+    """The errors of a part's failed runs or rows (a run that failed inside a lab is a row with its error)."""
+    found = [r.error for r in part.runs if getattr(r, "error", None)]
+    if isinstance(part.rows, pd.DataFrame) and "error" in part.rows:
+        found += [str(e) for e in part.rows["error"].dropna() if e]
+    return found
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def select(suite: str, names: Iterable[str] | None = None) -> list[SuitePart]:
+    """The parts of ``suite`` named in ``names`` (a part's label or a notebook's name; default: all), in order.
+
+    Args:
+        suite: a key of `SUITES`.
+        names: e.g. ``["01_mixed_precision-compare", "08_lora"]``.
+    """
+    if suite not in SUITES:
+        raise ConfigError("suite", suite, f"one of {list(SUITES)}")
+    every = SUITES[suite]
+    if names is None:
+        return list(every)
+    names = list(names)
+    known = {p.label for p in every} | {p.notebook for p in every}
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ConfigError("parts", unknown or names, f"part names from {[p.label for p in every]} or notebook names")
+    return [p for p in every if p.label in names or p.notebook in names]
+
+
+def check_budget(budget_s) -> float:
+    """``budget_s`` as a float if it is a number of seconds > 0, else `ConfigError` naming it."""
+    if not is_number(budget_s) or budget_s <= 0:
+        raise ConfigError("budget_s", budget_s, f"a number of seconds > 0 (default {DEFAULT_BUDGET_S:.0f})")
+    return float(budget_s)
+
+
+@dataclasses.dataclass
+class SuiteReport:
+    """What a suite run did: one row per part (``part``, ``status``, ``seconds``, ``file``, ``reason``) and where."""
+
+    rows: list[dict]
+    summary_path: Path
+
+    @property
+    def paths(self) -> list[Path]:
+        return [self.summary_path.parent / r["file"] for r in self.rows if r["file"]]
+
+    @property
+    def failed(self) -> list[dict]:
+        return [r for r in self.rows if r["status"] in ("failed", "timed out", "interrupted")]
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+
+SUMMARY_COLUMNS = ("part", "seconds", "status", "file", "reason")
+
+
+def _row(part: SuitePart, status: str, seconds: float = 0.0, file=None, reason=None, row_errors=0) -> dict:
+    return {"part": part.label, "notebook": part.notebook, "seconds": round(seconds, 2), "status": status,
+            "file": Path(file).name if file else None, "reason": reason, "row_errors": row_errors,
+            "estimate_s": part.estimate_s, "measures": part.measures}
+
+
+def _run_part(part: SuitePart, built: dict, out_dir, env: dict, limit_s: float) -> tuple[str, Path | None, str | None,
+                                                                                         int, str | None]:
+    """Run one part under its time limit: (status, file, reason, failed rows, traceback)."""
+    try:
+        with _time_limit(limit_s):
+            cfgs = [built[key]() for key in part.workloads]
+            result = part.run(*cfgs)
+        if result.not_run:
+            return "not run", None, result.not_run, 0, None
+        errors = _row_errors(result)
+        # outside the limit, so that a file is written whole; named as the suite names the part
+        path = write_part(dataclasses.replace(result, name=part.name), part.notebook, out_dir, env)
+        reason = f"{len(errors)} run(s) or row(s) failed, first: {errors[0]}" if errors else None
+        return "ok", path, reason, len(errors), None
+    except PartTimeout as exc:
+        return "timed out", None, str(exc), 0, traceback.format_exc(limit=-8)
+    except Exception as exc:  # noqa: BLE001 - one part's failure is recorded, the others go on
+        return "failed", None, f"{type(exc).__name__}: {exc}", 0, traceback.format_exc(limit=-8)
+    finally:
+        _free_memory()
+
+
+def _write_summary(rows: list[dict], path: Path, env: dict, extras: dict) -> None:
+    write_reference([], path, rows=pd.DataFrame(rows), env=env, extras={**extras, "env": provenance(env)})
+
+
+def run_suite(suite: str = "gpu", out_dir: Path | None = None, profile_name: str = "full",
+              names: Iterable[str] | None = None, budget_s: float = DEFAULT_BUDGET_S, cfg: RunConfig | None = None,
+              echo: Callable[[str], None] = print) -> SuiteReport:
+    """Run a suite's parts in order within ``budget_s``, writing each part's file and the summary as it goes.
+
+    Args:
+        suite: a key of `SUITES` (``"gpu"``).
+        out_dir: where to write (default: ``src/labkit/assets/reference``).
+        profile_name: the profile the runs use (the caller's ``LABKIT_PROFILE`` is restored afterwards).
+        names: parts or notebooks to run (default: all; see `select`).
+        budget_s: seconds for the whole suite; a part whose estimate would overrun it is skipped, with that reason.
+        cfg: a CNN run instead of the profile's workloads (tests pass a tiny one).
+        echo: where progress lines go.
+
+    Example:
+        >>> run_suite("gpu", out_dir=Path("out")).frame()
+    """
+    chosen, budget_s = select(suite, names), check_budget(budget_s)
+    started, rows, errors = time.perf_counter(), [], {}
+    with profile_env(profile_name), _stop_on_sigterm():
+        prof = profile()
+        env = env_report(cfg.device if cfg else "auto")
+        summary_path = reference_path(out_dir, f"{suite}_suite", "summary", env)
+        built = {key: _memoized(make) for key, make in workloads(prof, cfg).items()}
+        extras = {"suite": suite, "budget_s": budget_s, "suite_steps": SUITE_STEPS, "errors": errors}
+        echo(f"labkit bench --suite {suite}: {len(chosen)} parts at {prof.name} on {env.get('gpu') or 'the CPU'} "
+             f"(capability {env.get('capability')}, torch {env.get('torch')}, CUDA {torch.version.cuda}), "
+             f"budget {budget_s:.0f} s")
+        try:
+            for index, part in enumerate(chosen, 1):
+                elapsed = time.perf_counter() - started
+                head = f"[{index}/{len(chosen)}] {part.label}"
+                if elapsed + part.estimate_s > budget_s:
+                    reason = (f"over the budget: {elapsed:.0f} s spent, this part's estimate is {part.estimate_s:.0f} "
+                              f"s and the budget {budget_s:.0f} s")
+                    rows.append(_row(part, "skipped", reason=reason))
+                    echo(f"{head}: skipped ({reason})")
+                    continue
+                limit_s = min(budget_s - elapsed, max(PART_LIMIT_FACTOR * part.estimate_s, MIN_PART_LIMIT_S))
+                echo(f"{head}: {part.measures} (estimate {part.estimate_s:.0f} s on a T4, limit {limit_s:.0f} s)")
+                rows.append(_row(part, "running"))
+                part_start = time.perf_counter()
+                status, path, reason, failed_rows, trace = _run_part(part, built, out_dir, env, limit_s)
+                rows[-1] = _row(part, status, time.perf_counter() - part_start, path, reason, failed_rows)
+                if trace:
+                    errors[part.label] = trace
+                _write_summary(rows, summary_path, env, extras)
+                echo(f"{head}: {status} in {rows[-1]['seconds']:.1f} s" + (f" -> {path}" if path else "")
+                     + (f" ({reason})" if reason else ""))
+        except (KeyboardInterrupt, SuiteStopped) as exc:
+            if rows and rows[-1]["status"] == "running":
+                rows[-1].update(status="interrupted", reason=str(exc) or type(exc).__name__)
+            rows += [_row(p, "not run", reason="the suite was interrupted before it") for p in chosen[len(rows):]]
+            _write_summary(rows, summary_path, env, extras)
+            echo(_summary_text(rows, started, summary_path))
+            if isinstance(exc, SuiteStopped):
+                raise SystemExit(128 + signal.SIGTERM) from exc  # the exit status a shell gives a SIGTERM
+            raise
+        _write_summary(rows, summary_path, env, extras)
+    echo(_summary_text(rows, started, summary_path))
+    return SuiteReport(rows, summary_path)
+
+
+def _memoized(make: Callable[[], RunConfig]) -> Callable[[], RunConfig]:
+    """``make`` called once; a failure is raised again, to every part that asks."""
+    done: list = []
+
+    def get() -> RunConfig:
+        if not done:
+            try:
+                done.append((make(), None))
+            except Exception as exc:  # noqa: BLE001 - raised again below, to each part that needs it
+                done.append((None, exc))
+        value, error = done[0]
+        if error is not None:
+            raise error
+        return value
+
+    return get
+
+
+def _summary_text(rows: list[dict], started: float, summary_path: Path) -> str:
+    """The table printed at the end: part, seconds, status, file (its name), and why where it did not run."""
+    frame = pd.DataFrame(rows, columns=list(_row(GPU_SUITE[0], "").keys()))[list(SUMMARY_COLUMNS)]
+    frame["file"] = frame["file"].map(lambda f: Path(f).name if isinstance(f, str) else "-")
+    frame["reason"] = frame["reason"].map(lambda r: (r[:77] + "...") if isinstance(r, str) and len(r) > 80 else r)
+    counts = frame.status.value_counts().to_dict()
+    return (f"\n{text_table(frame.fillna('-'))}\n{len(rows)} parts in {time.perf_counter() - started:.0f} s: "
+            f"{', '.join(f'{n} {s}' for s, n in counts.items())}. Summary: {summary_path}")
