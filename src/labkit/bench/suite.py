@@ -1,8 +1,8 @@
 """``labkit bench --suite gpu``: every GPU-only measurement of notebooks 01-09 in one command, within a time budget.
 
-The command a GPU session runs (no network needed; ``benchmarks/gpu_suite.sh`` does exactly this)::
+The command a GPU session runs, from the repository root (no network needed)::
 
-    pip install --no-deps --no-build-isolation -e . && labkit bench --suite gpu --out "$OUT"
+    bash benchmarks/gpu_suite.sh   # pip install --no-deps -e . && LABKIT_OFFLINE=1 labkit bench --suite gpu --out $OUT
 
 Each part calls its notebook's lab (`labkit.bench.parts`) and writes ``<notebook>-<part>-<gpu>-<date>.json`` as
 soon as it finishes, labelled with the GPU, its capability, torch's CUDA/cuDNN/NCCL builds and the date. The
