@@ -3,6 +3,8 @@
 import dataclasses
 import inspect
 import json
+import os
+import signal
 import time
 
 import pandas as pd
@@ -165,6 +167,18 @@ def test_gpu_suite_writes_its_summary_when_interrupted(tmp_path, monkeypatch, ti
     rows = json.loads(summary.read_text())["rows"]
     assert [r["status"] for r in rows] == ["ok", "interrupted", "not run"]
     assert rows[2]["reason"] == "the suite was interrupted before it" and list(tmp_path.glob("99_test-done-*"))
+
+    def terminated(cfg):  # what `timeout` sends: the summary is written, and the exit status says SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    monkeypatch.setattr(suite, "SUITES", {"gpu": (_quick_part("terminated", 0.01, terminated),)})
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit, match="143"):
+        run_suite("gpu", out_dir=tmp_path, profile_name="ci", cfg=tiny_cfg)
+    rows = json.loads(summary.read_text())["rows"]
+    assert [(r["status"], r["reason"]) for r in rows] == [("interrupted", "stopped by SIGTERM")]
+    assert signal.getsignal(signal.SIGTERM) is handler  # the caller's handler is back
 
 
 def test_gpu_suite_names_bad_input(tmp_path):

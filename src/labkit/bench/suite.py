@@ -43,6 +43,7 @@ At ``ci`` the same parts run on the CPU in seconds (``tests/test_bench.py``): a 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -132,10 +133,13 @@ def _capped(cfg: RunConfig, steps: int) -> RunConfig:
 
 
 def workloads(prof, cfg: RunConfig | None = None) -> dict[str, Callable[[], RunConfig]]:
-    """The suite's fine-tunes by key, built when first asked for (a failure fails only the parts that need it).
+    """The suite's fine-tunes by key (``cnn``, ``vit``, ``ddp``), as functions that build each one.
+
+    Each is built when a part first asks for it (`_memoized`), so a failure fails only the parts that need it.
 
     Args:
-        prof: the profile. cfg: a CNN run to use instead of the profile's (tests pass a tiny one).
+        prof: the profile.
+        cfg: a CNN run to use instead of the profile's (tests pass a tiny one).
     """
     steps = SUITE_STEPS
 
@@ -273,13 +277,18 @@ def _run_part(part: SuitePart, built: dict, out_dir, env: dict, limit_s: float) 
         _free_memory()
 
 
+def print_now(line: str) -> None:
+    """Print and flush: a log read through a pipe shows each part as it ends, even if the process is then killed."""
+    print(line, flush=True)
+
+
 def _write_summary(rows: list[dict], path: Path, env: dict, extras: dict) -> None:
     write_reference([], path, rows=pd.DataFrame(rows), env=env, extras={**extras, "env": provenance(env)})
 
 
 def run_suite(suite: str = "gpu", out_dir: Path | None = None, profile_name: str = "full",
               names: Iterable[str] | None = None, budget_s: float = DEFAULT_BUDGET_S, cfg: RunConfig | None = None,
-              echo: Callable[[str], None] = print) -> SuiteReport:
+              echo: Callable[[str], None] = print_now) -> SuiteReport:
     """Run a suite's parts in order within ``budget_s``, writing each part's file and the summary as it goes.
 
     Args:
@@ -318,6 +327,7 @@ def run_suite(suite: str = "gpu", out_dir: Path | None = None, profile_name: str
                 limit_s = min(budget_s - elapsed, max(PART_LIMIT_FACTOR * part.estimate_s, MIN_PART_LIMIT_S))
                 echo(f"{head}: {part.measures} (estimate {part.estimate_s:.0f} s on a T4, limit {limit_s:.0f} s)")
                 rows.append(_row(part, "running"))
+                _write_summary(rows, summary_path, env, extras)  # a process killed meanwhile leaves "running" here
                 part_start = time.perf_counter()
                 status, path, reason, failed_rows, trace = _run_part(part, built, out_dir, env, limit_s)
                 rows[-1] = _row(part, status, time.perf_counter() - part_start, path, reason, failed_rows)
@@ -363,6 +373,6 @@ def _summary_text(rows: list[dict], started: float, summary_path: Path) -> str:
     frame = pd.DataFrame(rows, columns=list(_row(GPU_SUITE[0], "").keys()))[list(SUMMARY_COLUMNS)]
     frame["file"] = frame["file"].map(lambda f: Path(f).name if isinstance(f, str) else "-")
     frame["reason"] = frame["reason"].map(lambda r: (r[:77] + "...") if isinstance(r, str) and len(r) > 80 else r)
-    counts = frame.status.value_counts().to_dict()
+    counts = collections.Counter(frame.status)  # in the order the statuses first occur
     return (f"\n{text_table(frame.fillna('-'))}\n{len(rows)} parts in {time.perf_counter() - started:.0f} s: "
             f"{', '.join(f'{n} {s}' for s, n in counts.items())}. Summary: {summary_path}")
