@@ -194,7 +194,8 @@ from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
 
 calibration = lab.calibration_batches(cnn_cfg)
 model = copy.deepcopy(cnn).cpu().eval()
-graph = torch.export.export(model, (calibration[0],), dynamic_shapes=({0: torch.export.Dim("batch")},)).module()
+batch = {0: torch.export.Dim("batch")}  # strict: the capture torchao's quantizer matches on every torch since 2.5
+graph = torch.export.export(model, (calibration[0],), dynamic_shapes=(batch,), strict=True).module()
 quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
 prepared = prepare_pt2e(graph, quantizer)  # an observer on every tensor the quantizer marked
 with torch.no_grad():

@@ -337,3 +337,10 @@ def test_pt2e_without_torchao_or_with_one_too_old_says_what_to_install(cnn, monk
                                                r"\(torchao.quantization.pt2e with X86InductorQuantizer.*pip install -U "
                                                r"torchao, keeping torch \(tested: 0.18.0\)"):
         Q.quantize(cnn, "int8_pt2e", [inputs()])
+
+
+def test_pt2e_that_quantizes_nothing_says_so():
+    """torch 2.9's non-strict export left torchao 0.15's quantizer nothing to match: a float copy, silently."""
+    nothing = torch.nn.Sequential(torch.nn.ReLU())
+    with pytest.raises(UnsupportedError, match=r"method='int8_pt2e' cannot run here: .*annotated no layer"):
+        Q.quantize(nothing, "int8_pt2e", [torch.randn(4, 3)])

@@ -57,7 +57,18 @@ def export(model: nn.Module, example_inputs: torch.Tensor) -> torch.fx.GraphModu
         raise ConfigError("example_inputs", getattr(example_inputs, "shape", type(example_inputs).__name__),
                           "a batch of at least 2 inputs (torch.export fixes a batch of 1 as a constant)")
     batch = torch.export.Dim("batch")
-    return torch.export.export(model, (example_inputs,), dynamic_shapes=({0: batch},)).module()
+    # strict (TorchDynamo) capture: on torch 2.9 the default non-strict graph lacks the metadata that torchao 0.15's
+    # x86 quantizer matches layers by, and it then annotated nothing (found in the Colab image's CI part)
+    return torch.export.export(model, (example_inputs,), dynamic_shapes=({0: batch},), strict=True).module()
+
+
+def _check_annotated(prepared: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``prepared`` if the quantizer put an observer anywhere; else `UnsupportedError` (never a silent float copy)."""
+    if not any(name.startswith("activation_post_process") for name, _ in prepared.named_children()):
+        raise UnsupportedError("method", METHOD, f"torchao {installed_version('torchao')}'s x86 quantizer annotated "
+                               f"no layer of this graph (torch {torch.__version__}), so nothing would be quantized",
+                               "int8_static (torch.ao's FX graph mode)")
+    return prepared
 
 
 def x86_quantizer(model: nn.Module, keep_float: Iterable[str] = (), qat: bool = False):
@@ -93,7 +104,8 @@ def static_pt2e(model: nn.Module, calibration, keep_float: Iterable[str] = ()) -
     quantize_pt2e, _ = import_pt2e()
     batches = calibration_inputs(calibration, METHOD)
     model = copy.deepcopy(model).cpu().eval()
-    prepared = quantize_pt2e.prepare_pt2e(export(model, batches[0].cpu()), x86_quantizer(model, keep_float))
+    prepared = _check_annotated(quantize_pt2e.prepare_pt2e(export(model, batches[0].cpu()),
+                                                           x86_quantizer(model, keep_float)))
     with torch.no_grad():
         for batch in batches:  # the observers record each activation's range
             prepared(batch.cpu())
@@ -112,8 +124,8 @@ def prepare_qat_pt2e(model: nn.Module, example_inputs: torch.Tensor,
     """
     quantize_pt2e, _ = import_pt2e()
     copied = copy.deepcopy(model).cpu().train()
-    prepared = quantize_pt2e.prepare_qat_pt2e(export(copied, example_inputs.cpu()),
-                                              x86_quantizer(copied, keep_float, qat=True))
+    prepared = _check_annotated(quantize_pt2e.prepare_qat_pt2e(export(copied, example_inputs.cpu()),
+                                                               x86_quantizer(copied, keep_float, qat=True)))
     prepared.labkit_name = getattr(model, "labkit_name", None)
     return allow_train_eval(prepared).train()
 
