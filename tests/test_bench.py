@@ -1,11 +1,14 @@
 """labkit bench: the notebooks' parts and the GPU suite write labelled files that load back, on the CPU at `ci`."""
 
 import dataclasses
+import fnmatch
 import inspect
 import json
 import os
+import re
 import signal
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -116,7 +119,7 @@ def test_gpu_suite_runs_every_part_on_the_cpu_and_goes_on_after_one_raises(tmp_p
         assert payload["runs"] or payload["rows"] or payload["extras"].keys() - {"env"}, label
         if payload["runs"] or payload["rows"]:
             assert len(labkit.load_reference(f"{label}*")) > 0, label
-    semi = json.loads((tmp_path / rows["04_pruning-semi-structured"]["file"]).read_text())["extras"]
+    semi = json.loads((tmp_path / rows["04_pruning-2to4"]["file"]).read_text())["extras"]
     assert semi["speedup"] is None and "CUDA GPU" in semi["reason"]
     (cfgs,), asked = methods.calls[0]
     assert list(cfgs) == ["tiny_vit", "small_cnn"] and set(asked["methods"]) <= set(quantization.TABLE_METHODS)
@@ -207,3 +210,20 @@ def test_cli_bench_suite_and_its_budget(tmp_path, monkeypatch, capsys):
     assert "--budget-s=10.0 is not allowed: only with --suite (gpu)" in capsys.readouterr().err
     assert cli.main(["bench", "--suite", "gpu", "--budget-s", "-1", "--out", str(tmp_path)]) == 2
     assert "budget_s=-1.0 is not allowed: a number of seconds > 0" in capsys.readouterr().err
+
+
+def test_which_suite_files_a_notebook_would_take_for_published_ones():
+    """A notebook's ``results.published(pattern)`` raises on a measured file that its pattern matches.
+
+    05, 07 and 09 read ``05_freezing-*``, ``07_distributed-*`` and ``09_recipe-*`` as published files, so committing
+    the suite's files for them needs `published` to pass over measured files (or those patterns to end in
+    ``-published*``) first; no other part's file may join them.
+    """
+    sources = Path(__file__).parents[1] / "notebooks" / "src"
+    patterns = [p for path in sorted(sources.glob("0*.py"))
+                for call in re.findall(r"results\.published\(([^)]*)\)", path.read_text())
+                for p in re.findall(r'"([^"]+)"', call)]
+    assert "05_freezing-*" in patterns
+    taken = sorted(p.label for p in GPU_SUITE if any(fnmatch.fnmatch(f"{p.label}-nvidia-h200-2026-01-01", pattern)
+                                                      for pattern in patterns))
+    assert taken == ["05_freezing-levels", "07_distributed-dp-vs-ddp", "09_recipe-profiler"]

@@ -26,7 +26,7 @@ part                  s    what costs
 02 search             30   about 16 one-step probes up to the 15 GiB cap
 03 staged             55   5 runs: baseline, +AMP, +checkpointing, +8-bit AdamW, all
 03 optimizers         25   2 new runs (the AdamW baseline is read from the cache)
-04 semi-structured    20   1 fine-tune, 4 evaluations, a 4096^2 fp16 matmul (sm80+)
+04 2to4               20   1 fine-tune, 4 evaluations, a 4096^2 fp16 matmul (sm80+)
 04 storage            25   CPU matmuls of the largest weight at 4 sparsities
 05 levels             55   5 runs, the frozen ones faster
 06 methods            70   tiny_vit fine-tune; 8 methods x 2 models built, timed, scored
@@ -102,7 +102,7 @@ GPU_SUITE = (
               "baseline, +AMP, +checkpointing, +8-bit AdamW, all: memory by category (5 runs)"),
     SuitePart("03_memory_savers", "optimizers", parts.optimizers_03, ("cnn",), 25,
               "AdamW, 8-bit AdamW, paged 8-bit AdamW (2 new runs)"),
-    SuitePart("04_pruning", "semi-structured", parts.semi_structured_04, ("cnn",), 20,
+    SuitePart("04_pruning", "2to4", parts.semi_structured_04, ("cnn",), 20,
               "2:4 sparsity: a 4096x4096 fp16 Linear's speed-up (sm80+), accuracy (1 fine-tune, 4 evaluations)"),
     SuitePart("04_pruning", "storage", parts.storage_04, ("cnn",), 25,
               "the largest weight dense, COO and CSR: bytes and (CPU) matmul time at 4 sparsities"),
