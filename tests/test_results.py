@@ -248,9 +248,17 @@ def test_every_technique_notebook_shows_at_least_two_published_rows():
         assert frame.source.str.contains("https://").all() and frame.setup.str.len().le(70).all()
 
 
-def test_published_rows_come_from_published_files_only(tmp_path):
-    with pytest.raises(ConfigError, match=r"pattern='nothing\*' is not allowed: a pattern that matches a file"):
+def test_published_rows_come_from_published_files_only(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"pattern='nothing\*' is not allowed: a pattern that matches a published"):
         results.published("nothing*")
     frame = results.published("02_batch_size-warmup*")
     assert list(frame.columns)[0] == "setup" and list(frame.columns)[-1] == "source"
     assert frame.top1_error_pct.iloc[0] == 23.6  # Goyal et al. 2017, table 1: the batch-256 baseline
+    # A measured file beside the published ones (the GPU suite's 05_freezing-levels-...) is passed over.
+    for path in results.REFERENCE_DIR.glob("05_freezing-*.json"):
+        (tmp_path / path.name).write_text(path.read_text())
+    (tmp_path / "05_freezing-levels-nvidia-h200-2026-12-03.json").write_text('{"provenance": "measured", "runs": []}')
+    monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path)
+    assert len(results.published("05_freezing-*")) == len(results.published("05_freezing-*-published*")) >= 2
+    with pytest.raises(ConfigError, match=r"pattern='05_freezing-levels\*' is not allowed"):
+        results.published("05_freezing-levels*")
