@@ -25,6 +25,12 @@ part() {
   [ $status = 0 ] || failed+=("$name")
 }
 
+# Colab's image (scripts/hosted_images.toml): its environment is built in the background while the parts below run
+# (mostly downloads), then tested as the last part. Its log: build/hosted-colab-build.log.
+mkdir -p build
+"$PY" scripts/hosted_env.py colab --build-only > build/hosted-colab-build.log 2>&1 &
+hosted_build=$!
+
 part lint "$BIN/ruff" check .
 part import-layers "$BIN/lint-imports"  # the engine's layers: [tool.importlinter] in pyproject.toml
 # Both cores: two pytest workers of one thread each (two workers of two threads each ran slower than one). A test
@@ -39,6 +45,18 @@ part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest --nbval-lax --nbval-current
 # settings, so they train for real); two notebooks at a time on CI's 2 cores. Screenshots: build/browser/.
 # Without Chromium this part says how to get it and skips; .ci/run sets LABKIT_REQUIRE_BROWSER=1, where it fails.
 part browser "$PY" -m pytest tests/browser -q -p no:cacheprovider -n 2 -rs
+# Colab's image: an older torch, its Python, ipywidgets 7.7.1, transformers 4, labkit installed as the setup cell
+# installs it; the quick unit tests and two notebooks there.
+hosted_colab() {
+  local start=$SECONDS
+  wait "$hosted_build"
+  local status=$?
+  echo "(environment built in the background; waited $((SECONDS - start)) s for it)"
+  grep -v "^WARNING: Location" build/hosted-colab-build.log | tail -n 20
+  [ $status = 0 ] || return $status
+  "$PY" scripts/hosted_env.py colab --run-only
+}
+part hosted-colab hosted_colab
 
 echo
 echo "Part timings:"
