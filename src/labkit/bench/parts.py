@@ -100,7 +100,8 @@ def search_02(cfg: RunConfig) -> Part:
     with memory_cap(device, EMULATED_GPU_BYTES):
         search = batch_search(cfg, budget_bytes=budget)
     return Part("search", extras={"best": search.best, "budget_bytes": search.budget_bytes,
-                                  "elapsed_s": search.elapsed_s,
+                                  "elapsed_s": search.elapsed_s, "limit": search.limit,
+                                  "limit_reason": search.limit_reason,
                                   "emulated_gpu_bytes": EMULATED_GPU_BYTES if budget is None else None,
                                   "tried": records(search.to_frame())})
 
