@@ -27,6 +27,7 @@ from torch import nn
 from ... import machine
 from ...choices import SIMULATED_METHODS
 from ...errors import ConfigError, UnsupportedError
+from . import pt2e
 from .affine import affine_qparams, dequantize_affine, fake_quantize_weights, quantize_affine
 from .common import (
     CASTS,
@@ -96,6 +97,8 @@ def supported(method: str, device: torch.device | str = "cpu") -> str | None:
         return f"torchao is not installed; {INSTALL_HINT}"
     if spec.api == "bitsandbytes" and installed_version("bitsandbytes") is None:
         return "bitsandbytes is not installed; pip install 'bitsandbytes>=0.50'"
+    if method == pt2e.METHOD:
+        return pt2e.problem()
     capability = machine.here().capability
     if method == "int4_weight_only" and capability < (8, 0):
         return (f"torchao's int4 kernels (tinygemm, on bf16 weights) need compute capability 8.0+; this GPU has "

@@ -10,10 +10,13 @@ from torch import nn
 
 from ...choices import QUANTIZE_METHODS, QuantizeMethod, check_quantize_method
 from ...errors import ConfigError
+from ...project import torchao_requirement
 
-TORCHAO_REQUIREMENT = "torchao>=0.10"
+TORCHAO_REQUIREMENT = "torchao>=0.12"  # the oldest in labkit.project.TORCHAO_FOR_TORCH (torch 2.5-2.7)
 TORCHAO_TESTED = "0.18.0"  # the version labkit's tests run; older ones may lack a config or a kernel
-INSTALL_HINT = "install the notebook's extra: pip install 'labkit-finetune[quant]'"
+# torchao is in no extra (each release is built for one torch): the release built for the installed torch.
+INSTALL_HINT = (f"pip install '{torchao_requirement()}' (the torchao release built for this torch) and "
+                "'bitsandbytes>=0.50', or the notebook's extra with it: pip install 'labkit-finetune[quant]'")
 
 Method = QuantizeMethod  # one way to quantize a model; the table of them is `labkit.choices.QUANTIZE_METHODS`
 METHODS = QUANTIZE_METHODS

@@ -20,6 +20,7 @@ in float.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import types
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError, UnsupportedError
+from ...project import torchao_requirement
 from .common import INSTALL_HINT, TORCHAO_TESTED, calibration_inputs, check_keep_float, installed_version, split_keep
 
 METHOD = "int8_pt2e"
@@ -42,9 +44,28 @@ def import_pt2e():
         version = installed_version("torchao")
         why = (f"torchao is not installed; {INSTALL_HINT}" if version is None else
                f"torchao {version} has no PT2E flow (torchao.quantization.pt2e with X86InductorQuantizer: {exc}); "
-               f"pip install -U torchao, keeping torch (tested: {TORCHAO_TESTED})")
+               f"pip install '{torchao_requirement()}' (the torchao release built for this torch; labkit's tests "
+               f"run {TORCHAO_TESTED})")
         raise UnsupportedError("method", METHOD, why, "int8_static (torch.ao's FX graph mode)") from exc
     return quantize_pt2e, x86_inductor_quantizer
+
+
+@functools.lru_cache(maxsize=1)
+def problem() -> str | None:
+    """None when the PT2E flow runs with this torch and torchao (tried once on a two-layer model), else why not.
+
+    torchao's PT2E code calls torch.ao internals of its own era: torchao 0.12 on torch 2.5 fails inside
+    ``prepare_pt2e`` (torch 2.5 has no ``AffineQuantizedObserverBase``), after the imports succeed.
+    """
+    try:
+        tiny = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        static_pt2e(tiny, [torch.randn(2, 4)])
+    except UnsupportedError as exc:
+        return exc.reason
+    except Exception as exc:  # noqa: BLE001 - any failure of the library means: not here
+        return (f"torchao {installed_version('torchao')}'s PT2E flow fails on torch {torch.__version__} "
+                f"({type(exc).__name__}: {str(exc)[:160]}); a newer torch with its torchao runs it")
+    return None
 
 
 def export(model: nn.Module, example_inputs: torch.Tensor) -> torch.fx.GraphModule:
