@@ -91,10 +91,12 @@ def build(name: str, venv: Path) -> Path:
     if not (stamp.exists() and stamp.read_text() == wanted and python.exists()):
         shutil.rmtree(venv, ignore_errors=True)
         run(find_python(entry["python"]), "-m", "venv", venv)
-        pip = (python, "-m", "pip", "install", "-q", "--disable-pip-version-check")
+        # --no-compile: byte-compiling torch's and the CUDA wheels' thousands of files took a core for minutes,
+        # beside the unit tests that `make test` runs meanwhile; Python compiles what it imports
+        pip = (python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile")
         run(*pip, *(f"{package}=={entry[package]}" for package in PREINSTALLED), *TEST_TOOLS)
         stamp.write_text(wanted)
-    pip = (python, "-m", "pip", "install", "-q", "--disable-pip-version-check")
+    pip = (python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile")
     # This checkout's labkit (pip rebuilds a local directory each time) with its requirements, resolved beside the
     # image's packages as the setup cell's %pip resolves them.
     run(*pip, setup_cell_spec())
