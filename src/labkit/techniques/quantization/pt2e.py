@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import logging
 import types
 from collections.abc import Iterable
 
@@ -33,6 +34,10 @@ from ...project import torchao_requirement
 from .common import INSTALL_HINT, TORCHAO_TESTED, calibration_inputs, check_keep_float, installed_version, split_keep
 
 METHOD = "int8_pt2e"
+# Importing torchao logs a torch-internal deprecation (KernelPreference registered as a pytree constant) through this
+# one logger, which Jupyter shows as a warning box; 06's PT2E cell imports torchao itself, after labkit. Only that
+# logger is quietened, to errors.
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
 def import_pt2e():
