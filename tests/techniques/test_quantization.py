@@ -378,3 +378,14 @@ def test_pt2e_that_quantizes_nothing_says_so(pt2e_runs):
     nothing = torch.nn.Sequential(torch.nn.ReLU())
     with pytest.raises(UnsupportedError, match=r"method='int8_pt2e' cannot run here: .*annotated no layer"):
         Q.quantize(nothing, "int8_pt2e", [torch.randn(4, 3)])
+
+
+def test_06s_own_torchao_import_after_labkit_shows_no_warning_box():
+    """Jupyter shows anything logged to stderr as a warning box (the browser test saw torch's pytree notice)."""
+    import subprocess
+
+    pytest.importorskip("torchao")
+    code = ("import labkit\nfrom labkit.techniques import quantization\n"
+            "from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and "KernelPreference" not in done.stderr, done.stderr[-500:]
