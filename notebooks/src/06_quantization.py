@@ -231,7 +231,7 @@ assert flows.same_layers.iloc[1:].all() and (flows.size_vs_fp32.iloc[1:] < 0.35)
 # %% [markdown]
 # Both use one x86 recipe (int8 weights per channel, uint8 activations): the same layers, nearly the same numbers.
 # The PT2E graph stores int8 weights but computes in float32 around quantize/dequantize steps, so its latency here is
-# not int8's speed; `torch.compile` lowers it to int8 kernels (47 s for this CNN on a 2-core CPU).
+# not int8's speed; `torch.compile` lowers it to int8 kernels; compiling is slow, so this notebook skips it.
 
 # %% [markdown]
 # ## 3. Four popular claims, tested
