@@ -7,7 +7,8 @@ Where the starting weights come from, in order (`build` reports which in `Weight
 3. random weights, with a loud warning.
 
 The classification head is always new: it is sized for, and trained on, the fine-tuning classes.
-One module each: `catalog` (names, weights, stages), `architectures` (labkit's own models), `checkpoints`.
+One module each: `catalog` (names, weights, stages), `architectures` (labkit's own models), `checkpoints`,
+`language` (the Llama language models, `build_language_model`; transformers imported only when one is built).
 """
 
 from ..env import is_online  # whether weights can be downloaded: part of this module's API
@@ -17,6 +18,7 @@ from .catalog import (
     available,
     block_names,
     build,
+    build_language_model,
     forward_head,
     has_batchnorm,
     named_stages,
@@ -30,8 +32,10 @@ from .checkpoints import (
     checkpoint_dir,
     load_checkpoint,
 )
+from .language import LANGUAGE_MODELS, is_language_model, language_models, max_positions
 
 __all__ = ["Attention", "CHECKPOINT_DIR_ENV", "MANIFEST_NAME", "PatchEmbed", "SHIPPED_CHECKPOINTS", "SmallCNN",
            "TinyViT", "TokenMean", "TransformerBlock", "WeightsInfo", "available", "block_names", "build",
+           "build_language_model", "LANGUAGE_MODELS", "is_language_model", "language_models", "max_positions",
            "checkpoint_dir", "forward_head", "has_batchnorm", "is_online", "load_checkpoint", "named_stages",
            "save_checkpoint", "unwrap"]

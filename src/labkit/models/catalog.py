@@ -21,6 +21,7 @@ from .checkpoints import (
     load_checkpoint,
     write_checkpoint,
 )
+from .language import LANGUAGE_MODELS, build_llama, language_stages
 
 # Model name -> family; a family decides the stage layout.
 _FAMILIES = {
@@ -73,6 +74,32 @@ def _construct(name: str, num_classes: int) -> nn.Module:
         model.maxpool = nn.Identity()
     # ResNets keep ImageNet's stem: cheap on a CPU at 32x32 (layer4 sees 1x1), at some cost in accuracy.
     return model
+
+
+def build_language_model(name: str, vocab_size: int, pretrained: bool = True,
+                         attn_implementation: str = "sdpa") -> tuple[nn.Module, WeightsInfo]:
+    """Build language model ``name`` (`labkit.models.language`) for ``vocab_size`` tokens, with where its weights
+    came from.
+
+    Args:
+        name: one of `labkit.models.language_models()`.
+        vocab_size: the tokenizer's vocabulary size (``<pad>`` is id 0).
+        pretrained: True asks for labkit's pretrained checkpoint; none ships yet, so random weights with a warning.
+        attn_implementation: ``sdpa`` or ``eager``.
+
+    Example:
+        >>> model, weights = build_language_model("tiny_llama", vocab_size=16, pretrained=False)
+    """
+    if not isinstance(pretrained, bool):
+        raise ConfigError("pretrained", pretrained, "True or False")
+    model = build_llama(name, vocab_size, attn_implementation)
+    if not pretrained:
+        return model, WeightsInfo("random")
+    # labkit's checkpoint pretrained on digits_source loads here once `labkit pretrain` makes it (issue 28, next slice)
+    warning = (f"NO PRETRAINED WEIGHTS for {name}: labkit does not ship its language-model checkpoint yet, so it "
+               "starts from RANDOM weights; pass pretrained=False to train from scratch on purpose.")
+    note(warning)
+    return model, WeightsInfo("random", warning)
 
 
 def _imagenet_weights(name: str):
@@ -183,6 +210,8 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 
 def _family(model: nn.Module) -> str | None:
+    if getattr(model, "labkit_name", None) in LANGUAGE_MODELS:
+        return "llama"
     family = _FAMILIES.get(getattr(model, "labkit_name", None))
     if family is not None:
         return family
@@ -218,6 +247,8 @@ def named_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
         return [("stem", nn.Sequential(m.conv1, m.bn1, m.relu, m.maxpool)),
                 ("layer1", m.layer1), ("layer2", m.layer2), ("layer3", m.layer3), ("layer4", m.layer4),
                 ("head", nn.Sequential(m.avgpool, m.fc))]
+    if family == "llama":
+        return language_stages(m)
     if family == "shufflenet":
         return [("stem", nn.Sequential(m.conv1, m.maxpool)), ("stage2", m.stage2), ("stage3", m.stage3),
                 ("stage4", m.stage4), ("conv5", m.conv5), ("head", m.fc)]

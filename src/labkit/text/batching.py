@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
-from ..choices import check_choice
+from ..choices import PACKINGS, check_choice
 from ..errors import ConfigError
 from ..validate import is_int
 from .chars import PAD_ID
 from .tasks import IGNORE_INDEX
 
-PACKINGS = ("pad", "pad_max", "pack")
+__all__ = ["PACKINGS", "TokenBatch", "TokenCounts", "collate", "make_token_loader", "pack_rows"]
 
 
 @dataclass(frozen=True)

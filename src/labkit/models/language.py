@@ -1,0 +1,109 @@
+"""labkit's small decoder language models by name: transformers' Llama (RMSNorm, RoPE, SwiGLU), built from a config.
+
+- ``tiny_llama``: about 1M parameters with the digit tasks' 16-token vocabulary (hidden 128, 4 layers, 4 heads,
+  SwiGLU width 344): the workload at ``ci``. labkit will pretrain it on ``digits_source`` and ship it (issue 28's
+  next slice); until then it starts from random weights, which `build_language_model` says in its `WeightsInfo`.
+- ``tiny_llama_10m``: about 10M parameters (hidden 384, 6 layers, 6 heads, width 1024), random weights, never
+  shipped: for speed and memory at ``quick``.
+
+The vocabulary comes from the dataset's tokenizer, with ``<pad>`` at id 0 (`labkit.text.PAD_ID`). transformers is
+imported when a model is built, so ``import labkit`` never needs it (the ``lm`` extra installs it). Stages for
+freezing: ``embed`` (token embeddings), ``layer0`` ... (the decoder layers), ``head`` (final norm and output layer).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..choices import ATTN_IMPLEMENTATIONS, check_choice
+from ..errors import ConfigError, UnsupportedError
+from ..text import BOS_ID, EOS_ID, PAD_ID
+from ..validate import is_int
+
+
+@dataclass(frozen=True)
+class LanguageModelSpec:
+    """The shape of one of labkit's Llama models (`LlamaConfig`'s fields of the same meaning)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 256
+
+
+LANGUAGE_MODELS = {
+    "tiny_llama": LanguageModelSpec(128, 4, 4, 344),
+    "tiny_llama_10m": LanguageModelSpec(384, 6, 6, 1024),
+}
+
+
+def language_models() -> list[str]:
+    """The language-model names `build_language_model` accepts.
+
+    Example:
+        >>> labkit.models.language_models()
+        ['tiny_llama', 'tiny_llama_10m']
+    """
+    return list(LANGUAGE_MODELS)
+
+
+def is_language_model(name) -> bool:
+    return name in LANGUAGE_MODELS
+
+
+def max_positions(name: str) -> int:
+    """The longest sequence model ``name`` takes (its ``max_position_embeddings``)."""
+    check_choice("model", name, LANGUAGE_MODELS)
+    return LANGUAGE_MODELS[name].max_position_embeddings
+
+
+def transformers_module(name: str = "tiny_llama"):
+    """Import transformers, or raise `UnsupportedError` naming model ``name`` and saying how to install it."""
+    try:
+        return importlib.import_module("transformers")
+    except ImportError as exc:
+        raise UnsupportedError("model", name, f"transformers is not installed ({exc})",
+                               "the vision models; `pip install 'labkit-finetune[lm]'` adds the language models") \
+            from exc
+
+
+def build_llama(name: str, vocab_size: int, attn_implementation: str = "sdpa") -> nn.Module:
+    """Language model ``name``, a transformers ``LlamaForCausalLM`` with random weights, for ``vocab_size`` tokens.
+
+    `labkit.models.build_language_model` calls it and says where the starting weights come from.
+
+    Args:
+        name: one of `language_models()`.
+        vocab_size: the tokenizer's vocabulary size (``<pad>`` is id 0).
+        attn_implementation: ``sdpa`` (PyTorch's fused attention) or ``eager`` (the softmax of Q K^T written out).
+
+    Example:
+        >>> build_llama("tiny_llama", vocab_size=16).num_parameters()
+        795776
+    """
+    check_choice("model", name, LANGUAGE_MODELS)
+    check_choice("attn_implementation", attn_implementation, ATTN_IMPLEMENTATIONS)
+    if not is_int(vocab_size) or vocab_size < 3:
+        raise ConfigError("vocab_size", vocab_size, "an integer >= 3 (<pad>, <bos>, <eos> and the tokens)")
+    spec = LANGUAGE_MODELS[name]
+    transformers = transformers_module(name)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_attention_heads, max_position_embeddings=spec.max_position_embeddings,
+        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=False,
+        attn_implementation=attn_implementation)
+    model = transformers.LlamaForCausalLM(config).train()
+    model.labkit_name = name
+    return model
+
+
+def language_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A Llama model's stages: ``embed``, ``layer0`` ... ``layerN``, ``head`` (final norm and output layer)."""
+    body = model.model
+    layers = [(f"layer{i}", layer) for i, layer in enumerate(body.layers)]
+    return [("embed", body.embed_tokens), *layers, ("head", nn.ModuleList([body.norm, model.lm_head]))]
