@@ -23,6 +23,13 @@ Details of the `RunConfig` fields that switch a technique on:
   pruned copy is scored and sized in ``RunResult.inference``; the trained model itself is left alone. With
   ``prune_structured`` that share of each convolution's output channels is removed and the layers rebuilt
   smaller (`labkit.techniques.pruning.prune_channels`) instead of single weights zeroed.
+- ``optimizer_impl``: which of torch.optim's kernels AdamW/SGD use: ``forloop`` (a Python loop over the tensors),
+  ``foreach`` (one multi-tensor kernel per operation) or ``fused`` (one kernel for the whole update); None lets
+  torch pick (foreach on CUDA). Not for the 8-bit optimizers.
+- Language models (``model`` in `labkit.models.language_models()`, ``dataset`` in `labkit.text.available()`):
+  ``seq_len`` caps the tokens per row, ``packing`` says how rows are made (`labkit.text.batching`),
+  ``attn_implementation`` picks the attention kernel. ``loss_chunks`` and ``compile`` are refused until issue 28's
+  next slice, as are checkpointing, LoRA, pruning and quantization on a language model.
 - ``quantize``: one of `labkit.choices.QUANTIZE_METHODS` or `SIMULATED_METHODS`; ``RunResult.inference`` holds
   the quantized copy's accuracy and serialised size. ``int8_static`` calibrates on training batches.
 """
@@ -37,12 +44,16 @@ from pathlib import Path
 
 import yaml
 
-from . import data, downloads, models
+from . import data, downloads, models, text
 from .choices import (
+    ATTN_IMPLEMENTATIONS,
+    EIGHT_BIT_OPTIMIZERS,
     FREEZE_LEVELS,
     LORA_ALL_LINEAR,
     LORA_DEFAULTS,
+    OPTIMIZER_IMPLS,
     OPTIMIZERS,
+    PACKINGS,
     PRECISIONS,
     QUANTIZE_METHODS,
     SIMULATED_METHODS,
@@ -104,12 +115,19 @@ class RunConfig:
     channels_last: bool = False  # use the channels_last memory format for model and inputs
     evaluate: bool = True  # measure test accuracy after training
     image_size: int | None = None  # resize the inputs to this size on the device (None: the dataset's own)
+    optimizer_impl: str | None = None  # torch.optim's kernels: ``forloop``, ``foreach``, ``fused`` (None: torch's pick)
+    # language models only (a `labkit.models.language_models()` model on a `labkit.text.available()` dataset):
+    seq_len: int | None = None  # the most tokens per row (None: the dataset's, `labkit.text.DEFAULT_SEQ_LENS`)
+    packing: str = "pad"  # ``pad`` (to the batch's longest row), ``pad_max`` (to seq_len), ``pack`` (end to end)
+    attn_implementation: str = "sdpa"  # ``sdpa`` (PyTorch's fused attention) or ``eager`` (softmax(QK^T) written out)
+    loss_chunks: int | None = None  # cross-entropy over this many chunks of the sequence (not yet: issue 28)
+    compile: bool = False  # torch.compile the model (not yet: issue 28's next slice)
 
     def __post_init__(self):
-        if self.model not in models.available():
-            raise ConfigError("model", self.model, f"one of {models.available()}")
-        if self.dataset not in data.available():
-            raise ConfigError("dataset", self.dataset, f"one of {data.available()}")
+        if self.model not in models.available() + models.language_models():
+            raise ConfigError("model", self.model, f"one of {models.available() + models.language_models()}")
+        if self.dataset not in data.available() + text.available():
+            raise ConfigError("dataset", self.dataset, f"one of {data.available() + text.available()}")
         for name in ("batch_size", "epochs", "grad_accum"):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
@@ -167,6 +185,48 @@ class RunConfig:
             check_choice("freeze", self.freeze, FREEZE_LEVELS, "None or one of", "('head_only': only the head trains)")
         self._check_lora()
         self._check_inference()
+        self._check_language()
+
+    def _check_language(self) -> None:
+        """The language-model fields; on a vision run they must keep their defaults (they would do nothing)."""
+        if self.optimizer_impl is not None:
+            check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS, "None (torch's default) or one of")
+            if self.optimizer in EIGHT_BIT_OPTIMIZERS:
+                raise ConfigError("optimizer_impl", self.optimizer_impl, f"None with optimizer={self.optimizer!r}",
+                                  "bitsandbytes' 8-bit optimizers have their own kernels")
+        if not isinstance(self.compile, bool):
+            raise ConfigError("compile", self.compile, "True or False")
+        if self.compile:
+            raise ConfigError("compile", self.compile, "False for now: torch.compile comes in issue 28's next slice")
+        if self.loss_chunks is not None:
+            if not is_int(self.loss_chunks) or self.loss_chunks < 1:
+                raise ConfigError("loss_chunks", self.loss_chunks, "None (one cross-entropy) or an integer >= 1")
+            raise ConfigError("loss_chunks", self.loss_chunks, "None for now: chunked cross-entropy comes in "
+                              "issue 28's next slice")
+        language = models.is_language_model(self.model)
+        if language != (self.dataset in text.available()):
+            allowed = text.available() if language else data.available()
+            kind = "a language model" if language else "a vision model"
+            raise ConfigError("dataset", self.dataset, f"one of {allowed}: {self.model} is {kind}")
+        defaults = {"seq_len": None, "packing": "pad", "attn_implementation": "sdpa"}
+        if not language:
+            for name, default in defaults.items():
+                if getattr(self, name) != default:
+                    raise ConfigError(name, getattr(self, name), f"{default!r} (the default) for {self.model}, a "
+                                      f"vision model", f"it applies to the language models {models.language_models()}")
+            return
+        check_choice("packing", self.packing, PACKINGS)
+        check_choice("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+        seq_len = text.resolve_seq_len(self.dataset, self.seq_len)
+        if seq_len > models.max_positions(self.model):
+            raise ConfigError("seq_len", self.seq_len, f"at most {models.max_positions(self.model)}, the longest "
+                              f"sequence {self.model} takes (max_position_embeddings)")
+        # Not yet on language models (issue 28's next slice): refused rather than silently ignored.
+        for name, default in {"checkpointing": False, "lora_rank": None, "prune_amount": None, "quantize": None,
+                              "channels_last": False, "image_size": None}.items():
+            if getattr(self, name) != default:
+                raise ConfigError(name, getattr(self, name), f"{default!r} for the language model {self.model} "
+                                  "for now", "issue 28's next slice brings it to language models")
 
     def _check_inference(self) -> None:
         """The fields that turn the trained model into the one deployed (pruned, quantized)."""

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from ..choices import EIGHT_BIT_OPTIMIZERS, check_optimizer
+from ..choices import EIGHT_BIT_OPTIMIZERS, OPTIMIZER_IMPLS, check_choice, check_optimizer
 from ..env import import_bitsandbytes
 from ..errors import ConfigError
 from ..validate import check_positive_int, is_int
@@ -106,8 +106,20 @@ def build_8bit_optimizer(params, optimizer: str = "adamw8bit", lr: float = 1e-3,
     return cls(params, lr=lr, weight_decay=weight_decay, min_8bit_size=min_8bit_size)
 
 
+def impl_kwargs(impl: str | None) -> dict:
+    """torch.optim's keywords for kernel choice ``impl``: ``forloop``, ``foreach``, ``fused``, or None (torch's pick).
+
+    Example:
+        >>> torch.optim.AdamW(model.parameters(), **impl_kwargs("fused"))
+    """
+    if impl is None:
+        return {}
+    check_choice("optimizer_impl", impl, OPTIMIZER_IMPLS, "None (torch's default) or one of")
+    return {"forloop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
+
+
 def build_optimizer(model: torch.nn.Module, name: str = "adamw", lr: float = 1e-3, weight_decay: float = 0.0,
-                    momentum: float = 0.9) -> torch.optim.Optimizer:
+                    momentum: float = 0.9, impl: str | None = None) -> torch.optim.Optimizer:
     """The optimizer called ``name`` over ``model``'s trainable parameters: what ``RunConfig(optimizer=...)`` builds.
 
     Args:
@@ -116,17 +128,22 @@ def build_optimizer(model: torch.nn.Module, name: str = "adamw", lr: float = 1e-
         lr: the learning rate.
         weight_decay: decoupled for AdamW, L2 for SGD.
         momentum: SGD's momentum (the others have none).
+        impl: torch.optim's kernels for AdamW and SGD (`impl_kwargs`); the 8-bit ones refuse anything but None.
 
     Example:
-        >>> opt = build_optimizer(model, "adamw8bit", lr=1e-3)
+        >>> opt = build_optimizer(model, "adamw", lr=1e-3, impl="fused")
     """
     check_optimizer(name)
     params = [p for p in model.parameters() if p.requires_grad]
+    kernels = impl_kwargs(impl)
     if name in EIGHT_BIT_OPTIMIZERS:
+        if impl is not None:
+            raise ConfigError("optimizer_impl", impl, f"None with optimizer={name!r}",
+                              "bitsandbytes' 8-bit optimizers have their own kernels")
         return build_8bit_optimizer(params, name, lr=lr, weight_decay=weight_decay)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, **kernels)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kernels)
 
 
 LR_RULES = ("linear", "sqrt")

@@ -12,7 +12,17 @@ A language model is a workload, not a layer: this package sits beside `labkit.da
 from .batching import PACKINGS, TokenBatch, TokenCounts, collate, make_token_loader, pack_rows
 from .bpe import DEFAULT_VOCAB_SIZE, BPETokenizer, bpe_path, pydoc_bpe, pydoc_documents, train_bpe
 from .chars import BOS_ID, DIGITS_CHARS, EOS_ID, PAD_ID, SPECIAL_TOKENS, CharTokenizer
-from .tasks import DIGITS_LENGTHS, IGNORE_INDEX, TEXT_DATASETS, TokenData, available, exact_match, load_text_splits
+from .tasks import (
+    DEFAULT_SEQ_LENS,
+    DIGITS_LENGTHS,
+    IGNORE_INDEX,
+    TEXT_DATASETS,
+    TokenData,
+    available,
+    exact_match,
+    load_text_splits,
+    resolve_seq_len,
+)
 from .tokens import TOKENIZERS, TokenView, tokenizer, tokens_vs_chars
 
 __all__ = [
@@ -20,4 +30,5 @@ __all__ = [
     "SPECIAL_TOKENS", "TEXT_DATASETS", "TOKENIZERS", "BPETokenizer", "CharTokenizer", "TokenBatch", "TokenCounts",
     "TokenData", "TokenView", "available", "bpe_path", "collate", "exact_match", "load_text_splits",
     "make_token_loader", "pack_rows", "pydoc_bpe", "pydoc_documents", "tokenizer", "tokens_vs_chars", "train_bpe",
+    "DEFAULT_SEQ_LENS", "resolve_seq_len",
 ]

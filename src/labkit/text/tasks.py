@@ -36,6 +36,9 @@ from .chars import BOS_ID, EOS_ID, CharTokenizer
 IGNORE_INDEX = -100  # labels with this value take no part in the loss (torch's cross_entropy default)
 TEXT_DATASETS = ("digits_source", "digits_sort", "pydoc_text")
 DIGITS_LENGTHS = (4, 12)  # the fewest and most digits in a prompt, drawn uniformly
+# tokens per row when a run leaves seq_len unset: the digit tasks' longest example fits; a pydoc paragraph is cut
+DEFAULT_SEQ_LENS = {"digits_source": 32, "digits_sort": 32, "pydoc_text": 128}
+DIGITS_LONGEST = 2 * DIGITS_LENGTHS[1] + 3  # <bos>, the digits, '>', the answer, <eos>
 _DIGIT_TASKS = {"digits_source": lambda digits: digits[::-1], "digits_sort": lambda digits: "".join(sorted(digits))}
 
 
@@ -47,6 +50,25 @@ def available() -> list[str]:
         ['digits_source', 'digits_sort', 'pydoc_text']
     """
     return list(TEXT_DATASETS)
+
+
+def resolve_seq_len(name: str, seq_len: int | None) -> int:
+    """``seq_len``, or dataset ``name``'s default (`DEFAULT_SEQ_LENS`) when None; `ConfigError` when it cannot hold it.
+
+    Example:
+        >>> resolve_seq_len("digits_sort", None)
+        32
+    """
+    if name not in TEXT_DATASETS:
+        raise ConfigError("dataset", name, f"one of {list(TEXT_DATASETS)}")
+    if seq_len is None:
+        return DEFAULT_SEQ_LENS[name]
+    if not is_int(seq_len) or seq_len < 2:
+        raise ConfigError("seq_len", seq_len, "None (the dataset's default) or an integer >= 2 (tokens per row)")
+    if name != "pydoc_text" and seq_len < DIGITS_LONGEST:
+        raise ConfigError("seq_len", seq_len, f"None or at least {DIGITS_LONGEST} for {name} (its longest example: "
+                          f"{DIGITS_LENGTHS[1]} digits, '>', the answer and <bos>/<eos>); it is never truncated")
+    return seq_len
 
 
 @dataclass
@@ -122,7 +144,7 @@ def load_text_splits(name: str, train_size: int, val_size: int, test_size: int, 
 
 
 def _digit_splits(name: str, sizes: dict, seq_len: int, rng: np.random.Generator) -> dict[str, TokenData]:
-    longest = 2 * DIGITS_LENGTHS[1] + 3  # <bos>, the digits, '>', the answer, <eos>
+    longest = DIGITS_LONGEST
     if seq_len < longest:
         raise ConfigError("seq_len", seq_len, f"at least {longest} for {name} (its longest example: "
                           f"{DIGITS_LENGTHS[1]} digits, '>', the answer and <bos>/<eos>); it is never truncated")
