@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from . import data, measure, models
+from . import data, measure, models, text
 from .config import RunConfig
 from .techniques import distributed
 from .techniques.precision import autocast, resolve_precision
@@ -46,6 +46,34 @@ def evaluate(model: torch.nn.Module, split: data.ImageData, cfg: RunConfig, devi
     if shard:
         correct = distributed.all_reduce_sum(correct.to(device)).cpu()
     return int(correct) / len(split)
+
+
+@torch.no_grad()
+def evaluate_tokens(model: torch.nn.Module, split: text.TokenData, device: torch.device, precision,
+                    batch_size: int = 256) -> float:
+    """A language model's accuracy on ``split``, teacher-forced in one forward pass per batch (eval mode).
+
+    The digit tasks score the exact match of each answer (`labkit.text.exact_match`). On ``pydoc_text`` every token
+    is a label and a whole paragraph is never exactly right, so it scores the share of next tokens predicted.
+    """
+    was_training = model.training
+    model = models.unwrap(model).eval()
+    right = total = 0
+    for batch in text.make_token_loader(split, batch_size, packing="pad", shuffle=False):
+        batch = batch.to(device)
+        inputs = batch.model_inputs()
+        inputs.pop("labels")
+        with autocast(precision, device):
+            guesses = model(**inputs).logits.argmax(-1)
+        if split.name == "pydoc_text":
+            scored = batch.labels[:, 1:] != text.IGNORE_INDEX
+            right += int(((guesses[:, :-1] == batch.labels[:, 1:]) & scored).sum())
+            total += int(scored.sum())
+        else:
+            right += int(text.exact_match(guesses, batch.labels).sum())
+            total += len(batch.labels)
+    model.train(was_training)
+    return right / max(total, 1)
 
 
 def exports(cfg: RunConfig) -> bool:

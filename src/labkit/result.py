@@ -65,6 +65,11 @@ class RunResult:
     error: str | None = None  # why the run failed (sweeps record failures as rows)
     distributed: dict | None = None  # a data-parallel run's job (see the module docstring); None in one process
     inference: dict | None = None  # the pruned or quantized copy's figures (see the module docstring), else None
+    # language models (None otherwise): over the timed steps, all tokens and the real (not padding) ones per second
+    tokens_per_s: float | None = None
+    real_tokens_per_s: float | None = None
+    pad_fraction: float | None = None  # the share of padding among the timed steps' tokens
+    compile_time_s: float | None = None  # torch.compile's time, kept out of step time (None: not compiled)
 
     model = None  # the trained model after `labkit.fit` (not serialised; None for cached or reference runs)
 

@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from . import data, measure, models
+from . import data, measure, models, text
 from .config import RunConfig
 from .env import Profile, env_report, profile, resolve_device, set_tf32
 from .errors import ConfigError, NonFiniteLossError
-from .evaluation import evaluate, exports, score_inference
+from .evaluation import evaluate, evaluate_tokens, exports, score_inference
 from .messages import note
 from .result import RunResult
 from .techniques import distributed
@@ -31,6 +31,7 @@ from .techniques.freezing import freeze
 from .techniques.lora import add_lora, lora_layers
 from .techniques.optimizers import build_optimizer, warmup_lr
 from .techniques.precision import autocast, grad_scaler, resolve_precision
+from .techniques.token_loss import micro_batch_loss, split_rows
 
 PROFILING_STEPS = 2  # one FLOP-counting step, one memory-tracking step
 CHECK_LOSS_EVERY = 10  # reading the loss synchronises the GPU, so check it every few steps, not every step
@@ -41,6 +42,11 @@ def _splits(name: str, train_size: int, val_size: int, test_size: int) -> dict:
     # Data is generated/loaded with a fixed seed so that runs with different seeds see the same data;
     # cfg.seed changes initialisation of new layers and the order of batches.
     return data.load_splits(name, train_size=train_size, val_size=val_size, test_size=test_size, seed=0)
+
+
+@functools.lru_cache(maxsize=4)
+def _text_splits(name: str, train_size: int, val_size: int, test_size: int, seq_len: int) -> dict:
+    return text.load_text_splits(name, train_size, val_size, test_size, seq_len, seed=0)
 
 
 def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = True) -> dict:
@@ -58,9 +64,15 @@ def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = Tru
         10
     """
     prof = prof or profile()
-    train_size = cfg.train_size or prof.train_size
+    train_size, val_size, test_size = cfg.train_size or prof.train_size, prof.val_size, prof.test_size
+    if models.is_language_model(cfg.model):  # pydoc_text's 2,608 paragraphs cap a profile's sizes
+        train_size, val_size, test_size = text.split_sizes(cfg.dataset, train_size, val_size, test_size)
+        train_size = cfg.train_size or train_size
     if training and cfg.batch_size > train_size:
         raise ConfigError("batch_size", cfg.batch_size, f"at most train_size={train_size} (the training set's size)")
+    if models.is_language_model(cfg.model):
+        seq_len = text.resolve_seq_len(cfg.dataset, cfg.seq_len)
+        return _text_splits(cfg.dataset, train_size, val_size, test_size, seq_len)
     return _splits(cfg.dataset, train_size, prof.val_size, prof.test_size)
 
 
@@ -142,6 +154,10 @@ class Trainer:
         self.strategy = strategy
         self.profile = profile()
         self.world_size = distributed.world_size()
+        self.language = models.is_language_model(cfg.model)
+        if self.language and (self.world_size > 1 or distributed.active()):
+            raise ConfigError("model", cfg.model, f"a vision model ({models.available()}) in a process group",
+                              "language models train in one process until issue 28's next slice")
         self.device = resolve_device(cfg.device)
         if self.world_size > 1 or distributed.active():
             if self.device.type == "cuda":  # one GPU per process
@@ -171,7 +187,10 @@ class Trainer:
         self.train_split = self.splits["train"]
 
         torch.manual_seed(cfg.seed)
-        if model is None:
+        if model is None and self.language:
+            model, self.weights = models.build_language_model(cfg.model, self.train_split.tokenizer.vocab_size,
+                                                              cfg.pretrained, cfg.attn_implementation)
+        elif model is None:
             model, self.weights = models.build(cfg.model, self.train_split.num_classes, pretrained=cfg.pretrained)
         else:
             self.weights = _given_weights(model, cfg)
@@ -192,9 +211,18 @@ class Trainer:
         if distributed.active():
             self._go_data_parallel(bucket_cap_mb)
         self.model.train()
-        self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum,
+                                         cfg.optimizer_impl)
         self.scaler = grad_scaler(self.precision, self.device)
         self.optimizer_steps = 0  # steps taken so far; drives the learning-rate warm-up
+        self.timed_counts = text.TokenCounts()  # tokens of the timed steps (language models)
+        if self.language:  # rows of token ids, padded or packed (`labkit.text.batching`)
+            self.loader = text.make_token_loader(self.train_split, self.rank_batch, cfg.packing, shuffle=True,
+                                                 seed=cfg.seed, drop_last=True)
+            if len(self.loader) == 0:
+                raise ConfigError("batch_size", cfg.batch_size, f"at most {len(self.loader.dataset)}, the rows "
+                                  f"{cfg.dataset}'s training split makes with packing={cfg.packing!r}")
+            return
         self.loader = data.make_loader(self.train_split, batch_size=self.rank_batch, shuffle=True, seed=cfg.seed,
                                        drop_last=True, sampler=self.sampler, pin_memory=self.device.type == "cuda")
 
@@ -218,13 +246,26 @@ class Trainer:
         self.allreduce_counter = distributed.AllReduceCounter()
         self.model.register_comm_hook(self.allreduce_counter, distributed.counting_allreduce_hook)
 
-    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def step(self, images, labels: torch.Tensor | None = None) -> torch.Tensor:
         """One optimizer step over ``grad_accum`` micro-batches; returns the loss (a detached tensor).
 
-        Applies the learning-rate warm-up (``cfg.lr_warmup_steps``) and, under DDP, skips the gradient
-        all-reduce on all but the last micro-batch (`labkit.techniques.accumulation.sync_context`).
+        Takes images and labels, or for a language model one `labkit.text.TokenBatch`. Applies the learning-rate
+        warm-up (``cfg.lr_warmup_steps``) and, under DDP, skips the gradient all-reduce on all but the last
+        micro-batch (`labkit.techniques.accumulation.sync_context`).
+        """
+        step_loss = self.accumulate(images, labels)
+        self.update()
+        return step_loss
+
+    def accumulate(self, images, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """The backward passes of one step's ``grad_accum`` micro-batches, gradients summed; returns the loss.
+
+        A language model's micro-batch loss is its summed token loss over the step's total label tokens
+        (`labkit.techniques.token_loss`), so the accumulated gradient is the whole batch's.
         """
         cfg, device = self.cfg, self.device
+        if self.language:
+            return self._accumulate_tokens(images)
         x = data.to_model_input(images, self.train_split, device, cfg.channels_last, cfg.image_size)
         y = labels.to(device, non_blocking=True)
         step_loss = torch.zeros((), device=device)
@@ -239,6 +280,24 @@ class Trainer:
                     loss = F.cross_entropy(self.model(micro_x), micro_y) / cfg.grad_accum
                 self.scaler.scale(loss).backward()
             step_loss += loss.detach().float()
+        return step_loss
+
+    def _accumulate_tokens(self, batch: text.TokenBatch) -> torch.Tensor:
+        micro_batches = split_rows(batch.to(self.device, non_blocking=True), self.cfg.grad_accum)
+        step_tokens = sum(int((micro.labels != text.IGNORE_INDEX).sum()) for micro in micro_batches)
+        step_loss = torch.zeros((), device=self.device)
+        for index, micro in enumerate(micro_batches):
+            if index:
+                measure.new_micro_batch()
+            with autocast(self.precision, self.device):
+                loss = micro_batch_loss(self.model, micro, step_tokens)
+            self.scaler.scale(loss).backward()
+            step_loss += loss.detach().float()
+        return step_loss
+
+    def update(self) -> None:
+        """The optimizer step on the accumulated gradients (warm-up, clipping, scaler), then zero them."""
+        cfg = self.cfg
         warmup_lr(self.optimizer, cfg.lr, self.optimizer_steps, cfg.lr_warmup_steps)
         self.optimizer_steps += 1
         if cfg.grad_clip is not None:
@@ -247,10 +306,9 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return step_loss
 
-    def _record_step(self, losses: torch.Tensor, index: int, images: torch.Tensor, labels: torch.Tensor) -> None:
-        losses[index] = self.step(images, labels)
+    def _record_step(self, losses: torch.Tensor, index: int, batch) -> None:
+        losses[index] = self.step(batch) if self.language else self.step(*batch)
 
     def _count_flops(self, step: Callable[[], None]) -> int:
         """FLOPs of ``step()``. ``nn.DataParallel`` runs its replicas in threads, where torch's FLOP counter (a
@@ -312,8 +370,8 @@ class Trainer:
                    leave=False)
         measure.reset_memory(device)
         start_wall = time.perf_counter()
-        for index, (images, labels) in enumerate(self.batches(steps)):
-            record_step = functools.partial(self._record_step, losses, index, images, labels)
+        for index, batch in enumerate(self.batches(steps)):
+            record_step = functools.partial(self._record_step, losses, index, batch)
             if index == prof.warmup_steps:
                 flops = self._count_flops(record_step)
             elif index == prof.warmup_steps + 1:
@@ -325,6 +383,8 @@ class Trainer:
                 timer.start()
                 record_step()
                 timer.stop()
+                if self.language:
+                    self.timed_counts += batch.counts()
             else:
                 record_step()
             done = index + 1
@@ -380,8 +440,13 @@ class Trainer:
             peak, reserved = max(0, peak - self.baseline_bytes), max(0, reserved - self.baseline_reserved_bytes)
         else:
             peak, reserved = breakdown.total_peak_bytes, None
-        accuracy = (evaluate(self.model, self.splits["test"], cfg, device, self.precision, shard=self.strategy == "ddp")
-                    if cfg.evaluate else None)
+        if not cfg.evaluate:
+            accuracy = None
+        elif self.language:
+            accuracy = evaluate_tokens(self.model, self.splits["test"], device, self.precision)
+        else:
+            accuracy = evaluate(self.model, self.splits["test"], cfg, device, self.precision,
+                                shard=self.strategy == "ddp")
         num_params, num_trainable = measure.count_parameters(self.model)
         achieved = flops / median if flops and median > 0 else None
         peak_flops = measure.peak_flops(self.env.get("gpu"), self.precision.name, cfg.tf32)
@@ -399,6 +464,10 @@ class Trainer:
             model_size_bytes=measure.model_size_bytes(models.unwrap(self.model)), num_params=num_params,
             num_trainable_params=num_trainable, weights=self.weights.source, warnings=list(self.warnings),
         )
+        if self.language and times:  # tokens over the timed steps' time: pad shares vary from batch to batch
+            counts = self.timed_counts
+            result.tokens_per_s, result.real_tokens_per_s = counts.tokens / sum(times), counts.real_tokens / sum(times)
+            result.pad_fraction = counts.pad_fraction
         result.model = models.unwrap(self.model)
         if exports(cfg) and distributed.is_main():
             result.inference = score_inference(result.model, cfg, self.splits)

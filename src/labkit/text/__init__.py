@@ -22,6 +22,7 @@ from .tasks import (
     exact_match,
     load_text_splits,
     resolve_seq_len,
+    split_sizes,
 )
 from .tokens import TOKENIZERS, TokenView, tokenizer, tokens_vs_chars
 
@@ -30,5 +31,5 @@ __all__ = [
     "SPECIAL_TOKENS", "TEXT_DATASETS", "TOKENIZERS", "BPETokenizer", "CharTokenizer", "TokenBatch", "TokenCounts",
     "TokenData", "TokenView", "available", "bpe_path", "collate", "exact_match", "load_text_splits",
     "make_token_loader", "pack_rows", "pydoc_bpe", "pydoc_documents", "tokenizer", "tokens_vs_chars", "train_bpe",
-    "DEFAULT_SEQ_LENS", "resolve_seq_len",
+    "DEFAULT_SEQ_LENS", "resolve_seq_len", "split_sizes",
 ]

@@ -1,0 +1,102 @@
+"""Language models through `labkit.fit` on the CPU: tiny_llama on digits_sort, padded and packed, token-normalised
+gradient accumulation (the issue-28 bug), packing against padding, sweeps and the CLI (random weights, offline)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import labkit
+from labkit import models, text
+from labkit.techniques.token_loss import forward_inputs, micro_batch_loss, split_rows, token_loss_sum
+from labkit.train import Trainer
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture
+def lm_cfg():
+    return labkit.RunConfig(model="tiny_llama", dataset="digits_sort", batch_size=8, max_steps=5, train_size=64,
+                            pretrained=False, device="cpu")
+
+
+def test_fit_reports_tokens_per_second_and_padding(lm_cfg):
+    padded = labkit.fit(lm_cfg, progress=False)
+    packed = labkit.fit(lm_cfg.replace(packing="pack", seq_len=64), progress=False)
+    for res in (padded, packed):
+        assert res.tokens_per_s > res.real_tokens_per_s > 0
+        assert res.throughput > 0 and res.flops_per_step > 0 and res.peak_memory_bytes > 0
+        assert res.memory["optimizer_state"] > 0 and res.memory["activations"] > 0
+        assert 0 <= res.accuracy <= 1 and res.compile_time_s is None
+        assert res.weights == "random" and res.losses[-1] < res.losses[0]
+    assert 0 < packed.pad_fraction < padded.pad_fraction < 1
+    assert labkit.RunResult.from_dict(padded.to_dict()).tokens_per_s == padded.tokens_per_s
+
+
+def test_vision_results_have_no_token_figures(tiny_cfg):
+    res = labkit.fit(tiny_cfg, progress=False)
+    assert res.tokens_per_s is None and res.pad_fraction is None and res.accuracy is not None
+
+
+def _grads(model) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def test_grad_accum_gives_the_large_batch_gradient_with_uneven_token_counts(lm_cfg):
+    whole = Trainer(lm_cfg.replace(grad_accum=1))
+    accumulated = Trainer(lm_cfg.replace(grad_accum=4))
+    examples = sorted((whole.train_split[i] for i in range(8)), key=lambda e: len(e["input_ids"]))
+    batch = text.collate(examples)  # shortest first: each micro-batch of 2 rows holds more answer tokens than the last
+    micro_batches = split_rows(batch, 4)
+    label_tokens = [micro.counts().label_tokens for micro in micro_batches]
+    assert len(set(label_tokens)) > 1, label_tokens  # uneven, where the old rule goes wrong
+    whole.accumulate(batch)
+    accumulated.accumulate(batch)
+    expected, got = _grads(whole.model), _grads(accumulated.model)
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
+    assert float((got - expected).norm() / expected.norm()) < 1e-5
+    # The old loop's rule: each micro-batch's mean token loss / grad_accum.
+    accumulated.model.zero_grad(set_to_none=True)
+    for micro in micro_batches:
+        logits = accumulated.model(**forward_inputs(micro)).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), micro.labels[:, 1:].flatten()) / 4
+        loss.backward()
+    old = _grads(accumulated.model)
+    assert float((old - expected).norm() / expected.norm()) > 0.05
+
+
+def test_packed_rows_give_the_padded_loss():
+    model, _ = models.build_language_model("tiny_llama", vocab_size=16, pretrained=False)
+    train = text.load_text_splits("digits_sort", 8, 1, 1, seq_len=32)["train"]
+    examples = [train[i] for i in range(8)]
+    padded, packed = text.collate(examples, packing="pad"), text.collate(examples, packing="pack", seq_len=128)
+    assert packed.input_ids.shape[0] < padded.input_ids.shape[0]
+    assert packed.counts().label_tokens == padded.counts().label_tokens
+    with torch.no_grad():
+        loss_padded = micro_batch_loss(model, padded, padded.counts().label_tokens)
+        loss_packed = micro_batch_loss(model, packed, packed.counts().label_tokens)
+        mean = float(model(**padded.model_inputs()).loss)  # transformers' own mean over the label tokens
+    assert float(loss_packed) == pytest.approx(float(loss_padded), rel=1e-5)
+    assert float(loss_padded) == pytest.approx(mean, rel=1e-5)
+
+
+def test_token_loss_sum_ignores_unlabelled_positions():
+    logits = torch.randn(1, 4, 5)
+    labels = torch.tensor([[-100, 3, -100, 1]])
+    expected = F.cross_entropy(logits[0, [0, 2]], torch.tensor([3, 1]), reduction="sum")
+    assert float(token_loss_sum(logits, labels)) == pytest.approx(float(expected))
+
+
+@pytest.mark.parametrize("impl", ["forloop", "foreach", "fused"])
+def test_optimizer_impl_trains(lm_cfg, impl):
+    trainer = Trainer(lm_cfg.replace(optimizer_impl=impl))
+    group = trainer.optimizer.param_groups[0]
+    assert group["fused"] is (True if impl == "fused" else None)
+    assert group["foreach"] is {"forloop": False, "foreach": True, "fused": None}[impl]
+    before = float(trainer.step(next(iter(trainer.loader))))
+    assert before > 0
+
+
+def test_sweep_over_seq_len(lm_cfg):
+    df = labkit.sweep(lm_cfg.replace(packing="pad_max", evaluate=False), seq_len=[32, 64], progress=False)
+    assert list(df["seq_len"]) == [32, 64] and df["error"].isna().all()
+    assert (df["throughput"] > 0).all() and (df["peak_memory_bytes"] > 0).all()
