@@ -100,3 +100,11 @@ def test_sweep_over_seq_len(lm_cfg):
     df = labkit.sweep(lm_cfg.replace(packing="pad_max", evaluate=False), seq_len=[32, 64], progress=False)
     assert list(df["seq_len"]) == [32, 64] and df["error"].isna().all()
     assert (df["throughput"] > 0).all() and (df["peak_memory_bytes"] > 0).all()
+
+
+def test_flops_count_the_attention_the_cpu_sdpa_kernel_hides(lm_cfg):
+    cfg = lm_cfg.replace(packing="pad_max", evaluate=False, max_steps=4)
+    sdpa, eager = (labkit.fit(cfg.replace(attn_implementation=impl), progress=False) for impl in ("sdpa", "eager"))
+    assert sdpa.flops_per_step == eager.flops_per_step  # eager's bmm products are counted by torch's counter
+    attention = models.uncounted_attention_flops(sdpa.model, cfg.batch_size, 32, "cpu")
+    assert 0 < attention < sdpa.flops_per_step

@@ -374,6 +374,8 @@ class Trainer:
             record_step = functools.partial(self._record_step, losses, index, batch)
             if index == prof.warmup_steps:
                 flops = self._count_flops(record_step)
+                if self.language:  # the CPU SDPA kernel's FLOPs, which torch's counter misses
+                    flops += models.uncounted_attention_flops(models.unwrap(self.model), *batch.input_ids.shape, device)
             elif index == prof.warmup_steps + 1:
                 breakdown = measure.track_step_memory(record_step, self.model, self.optimizer, device)
                 measure.reset_peak(device)  # CUDA peak statistics cover the timed steps only

@@ -32,10 +32,17 @@ from .checkpoints import (
     checkpoint_dir,
     load_checkpoint,
 )
-from .language import LANGUAGE_MODELS, is_language_model, language_models, max_positions
+from .language import (
+    LANGUAGE_MODELS,
+    is_language_model,
+    language_models,
+    max_positions,
+    uncounted_attention_flops,
+)
 
 __all__ = ["Attention", "CHECKPOINT_DIR_ENV", "MANIFEST_NAME", "PatchEmbed", "SHIPPED_CHECKPOINTS", "SmallCNN",
            "TinyViT", "TokenMean", "TransformerBlock", "WeightsInfo", "available", "block_names", "build",
            "build_language_model", "LANGUAGE_MODELS", "is_language_model", "language_models", "max_positions",
+           "uncounted_attention_flops",
            "checkpoint_dir", "forward_head", "has_batchnorm", "is_online", "load_checkpoint", "named_stages",
            "save_checkpoint", "unwrap"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from ..choices import ATTN_IMPLEMENTATIONS, check_choice
@@ -100,6 +101,23 @@ def build_llama(name: str, vocab_size: int, attn_implementation: str = "sdpa") -
     model = transformers.LlamaForCausalLM(config).train()
     model.labkit_name = name
     return model
+
+
+def uncounted_attention_flops(model: nn.Module, rows: int, width: int, device) -> int:
+    """The attention FLOPs of a training step (forward + backward) that torch's FLOP counter misses, else 0.
+
+    The counter has no formula for the CPU SDPA kernel, so on a CPU an ``sdpa`` model's QK^T and PV products go
+    uncounted: 2 products x 2 B L^2 hidden FLOPs per layer forward, twice that backward, as eager's are counted.
+
+    Args:
+        model: a model from `build_llama` (a wrapped one is fine if it has ``config``).
+        rows, width: the step's token rows and their length (all micro-batches together).
+        device: where the step ran.
+    """
+    config = model.config
+    if config._attn_implementation != "sdpa" or torch.device(device).type != "cpu":
+        return 0
+    return 12 * rows * width**2 * config.hidden_size * config.num_hidden_layers
 
 
 def language_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
