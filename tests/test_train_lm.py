@@ -1,12 +1,14 @@
 """Language models through `labkit.fit` on the CPU: tiny_llama on digits_sort, padded and packed, token-normalised
 gradient accumulation (the issue-28 bug), packing against padding, sweeps and the CLI (random weights, offline)."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit import models, text
+from labkit import cli, models, text
 from labkit.techniques.token_loss import forward_inputs, micro_batch_loss, split_rows, token_loss_sum
 from labkit.train import Trainer
 
@@ -108,3 +110,12 @@ def test_flops_count_the_attention_the_cpu_sdpa_kernel_hides(lm_cfg):
     assert sdpa.flops_per_step == eager.flops_per_step  # eager's bmm products are counted by torch's counter
     attention = models.uncounted_attention_flops(sdpa.model, cfg.batch_size, 32, "cpu")
     assert 0 < attention < sdpa.flops_per_step
+
+
+def test_cli_runs_a_language_model_yaml(tmp_path, capsys):
+    path = tmp_path / "lm.yaml"
+    path.write_text("model: tiny_llama\ndataset: digits_sort\nbatch_size: 8\nmax_steps: 4\ntrain_size: 32\n"
+                    "pretrained: false\npacking: pack\nseq_len: 64\noptimizer_impl: fused\nevaluate: false\n")
+    assert cli.main(["run", str(path)]) == 0
+    payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert payload["config"]["packing"] == "pack" and payload["tokens_per_s"] > payload["real_tokens_per_s"] > 0
