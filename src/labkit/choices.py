@@ -3,7 +3,8 @@ that carries the choice out both import it from here, so the two can never disag
 
 - precisions (`PRECISIONS`), optimizers (`OPTIMIZERS`, `EIGHT_BIT_OPTIMIZERS`), freezing levels (`FREEZE_LEVELS`);
 - LoRA: `LORA_ALL_LINEAR`, `LORA_DEFAULTS` and `check_lora` (rank, alpha, dropout, targets);
-- language models: batching (`PACKINGS`), attention (`ATTN_IMPLEMENTATIONS`), optimizer kernels (`OPTIMIZER_IMPLS`);
+- language models: batching (`PACKINGS`), attention (`ATTN_IMPLEMENTATIONS`), optimizer kernels (`OPTIMIZER_IMPLS`),
+  chunked cross-entropy (`check_loss_chunks`), compiling (`COMPILE_PACKINGS`, `check_compile`);
 - quantization methods: `QUANTIZE_METHODS` (what each stores, which library, where it runs) and the simulated
   low-bit ones, `SIMULATED_METHODS`; `check_quantize_method`.
 
@@ -30,6 +31,29 @@ PACKINGS = ("pad", "pad_max", "pack")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")  # PyTorch's scaled_dot_product_attention, or softmax(Q K^T) V written out
 # torch.optim's implementations: a Python loop over the tensors, one multi-tensor kernel per op, or one fused kernel
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
+COMPILE_PACKINGS = ("pad_max", "pack")  # every batch seq_len wide: one compiled graph, no recompiles
+
+
+def check_loss_chunks(chunks, seq_len: int) -> None:
+    """`ConfigError` (field ``loss_chunks``) unless ``chunks`` is None or a divisor of ``seq_len`` (equal slices)."""
+    if chunks is None:
+        return
+    if not is_int(chunks) or chunks < 1:
+        raise ConfigError("loss_chunks", chunks, "None (one cross-entropy over all tokens) or an integer >= 1")
+    if seq_len % chunks:
+        divisors = [d for d in range(1, seq_len + 1) if seq_len % d == 0]
+        raise ConfigError("loss_chunks", chunks, f"None or a divisor of seq_len={seq_len}: {divisors}",
+                          "every slice of the sequence is then as long as the others")
+
+
+def check_compile(compile_: bool, packing: str) -> None:
+    """`ConfigError` (field ``compile``) unless ``compile_`` is a bool, and True only with a fixed-width packing."""
+    if not isinstance(compile_, bool):
+        raise ConfigError("compile", compile_, "True or False")
+    if compile_ and packing not in COMPILE_PACKINGS:
+        raise ConfigError("compile", compile_, f"False with packing={packing!r}, or a packing of "
+                          f"{list(COMPILE_PACKINGS)}", "'pad' pads each batch to its own longest row, and every "
+                          "new width compiles the model again")
 
 
 def check_choice(field: str, value, allowed: Iterable[str], what: str = "one of", note: str = "") -> str:

@@ -28,8 +28,11 @@ Details of the `RunConfig` fields that switch a technique on:
   torch pick (foreach on CUDA). Not for the 8-bit optimizers.
 - Language models (``model`` in `labkit.models.language_models()`, ``dataset`` in `labkit.text.available()`):
   ``seq_len`` caps the tokens per row, ``packing`` says how rows are made (`labkit.text.batching`),
-  ``attn_implementation`` picks the attention kernel. ``loss_chunks`` and ``compile`` are refused until issue 28's
-  next slice, as are checkpointing, LoRA, pruning and quantization on a language model.
+  ``attn_implementation`` picks the attention kernel, ``loss_chunks`` computes the output layer and the loss a
+  slice of the sequence at a time (`labkit.techniques.chunked_loss`), ``compile`` compiles the decoder layers
+  (`labkit.techniques.compiling`; needs ``packing`` ``pad_max`` or ``pack``). ``checkpointing=True`` checkpoints
+  each decoder layer (`labkit.techniques.layer_checkpointing`); LoRA and freezing work as on the vision models.
+  Pruning and quantization stay vision-only for now.
 - ``quantize``: one of `labkit.choices.QUANTIZE_METHODS` or `SIMULATED_METHODS`; ``RunResult.inference`` holds
   the quantized copy's accuracy and serialised size. ``int8_static`` calibrates on training batches.
 """
@@ -58,7 +61,9 @@ from .choices import (
     QUANTIZE_METHODS,
     SIMULATED_METHODS,
     check_choice,
+    check_compile,
     check_lora,
+    check_loss_chunks,
     lora_targets,
 )
 from .env import profile
@@ -120,8 +125,8 @@ class RunConfig:
     seq_len: int | None = None  # the most tokens per row (None: the dataset's, `labkit.text.DEFAULT_SEQ_LENS`)
     packing: str = "pad"  # ``pad`` (to the batch's longest row), ``pad_max`` (to seq_len), ``pack`` (end to end)
     attn_implementation: str = "sdpa"  # ``sdpa`` (PyTorch's fused attention) or ``eager`` (softmax(QK^T) written out)
-    loss_chunks: int | None = None  # cross-entropy over this many chunks of the sequence (not yet: issue 28)
-    compile: bool = False  # torch.compile the model (not yet: issue 28's next slice)
+    loss_chunks: int | None = None  # the output layer and the loss over this many slices of the sequence (None: one)
+    compile: bool = False  # torch.compile the decoder layers (compile time reported apart: RunResult.compile_time_s)
 
     def __post_init__(self):
         if self.model not in models.available() + models.language_models():
@@ -175,7 +180,7 @@ class RunConfig:
             raise ConfigError("checkpointing", self.checkpointing,
                               "False, True (every block its own segment) or an integer >= 1 (the number of "
                               "checkpointed segments)", "checkpointing=False turns it off")
-        if is_int(self.checkpointing):
+        if is_int(self.checkpointing) and not models.is_language_model(self.model):  # the LM's: _check_language
             blocks = models.block_names(self.model)
             if self.checkpointing > len(blocks):
                 raise ConfigError("checkpointing", self.checkpointing,
@@ -194,21 +199,13 @@ class RunConfig:
             if self.optimizer in EIGHT_BIT_OPTIMIZERS:
                 raise ConfigError("optimizer_impl", self.optimizer_impl, f"None with optimizer={self.optimizer!r}",
                                   "bitsandbytes' 8-bit optimizers have their own kernels")
-        if not isinstance(self.compile, bool):
-            raise ConfigError("compile", self.compile, "True or False")
-        if self.compile:
-            raise ConfigError("compile", self.compile, "False for now: torch.compile comes in issue 28's next slice")
-        if self.loss_chunks is not None:
-            if not is_int(self.loss_chunks) or self.loss_chunks < 1:
-                raise ConfigError("loss_chunks", self.loss_chunks, "None (one cross-entropy) or an integer >= 1")
-            raise ConfigError("loss_chunks", self.loss_chunks, "None for now: chunked cross-entropy comes in "
-                              "issue 28's next slice")
         language = models.is_language_model(self.model)
         if language != (self.dataset in text.available()):
             allowed = text.available() if language else data.available()
             kind = "a language model" if language else "a vision model"
             raise ConfigError("dataset", self.dataset, f"one of {allowed}: {self.model} is {kind}")
-        defaults = {"seq_len": None, "packing": "pad", "attn_implementation": "sdpa"}
+        defaults = {"seq_len": None, "packing": "pad", "attn_implementation": "sdpa", "loss_chunks": None,
+                    "compile": False}
         if not language:
             for name, default in defaults.items():
                 if getattr(self, name) != default:
@@ -221,12 +218,18 @@ class RunConfig:
         if seq_len > models.max_positions(self.model):
             raise ConfigError("seq_len", self.seq_len, f"at most {models.max_positions(self.model)}, the longest "
                               f"sequence {self.model} takes (max_position_embeddings)")
-        # Not yet on language models (issue 28's next slice): refused rather than silently ignored.
-        for name, default in {"checkpointing": False, "lora_rank": None, "prune_amount": None, "quantize": None,
-                              "channels_last": False, "image_size": None}.items():
+        check_loss_chunks(self.loss_chunks, seq_len)
+        check_compile(self.compile, self.packing)
+        if self.checkpointing not in (False, True):
+            raise ConfigError("checkpointing", self.checkpointing, f"False or True for the language model "
+                              f"{self.model}", "True checkpoints every decoder layer (transformers' own "
+                              "per-layer checkpointing); it has no segments to count")
+        # Not on language models yet: refused rather than silently ignored.
+        for name, default in {"prune_amount": None, "quantize": None, "channels_last": False,
+                              "image_size": None}.items():
             if getattr(self, name) != default:
-                raise ConfigError(name, getattr(self, name), f"{default!r} for the language model {self.model} "
-                                  "for now", "issue 28's next slice brings it to language models")
+                raise ConfigError(name, getattr(self, name), f"{default!r} for the language model {self.model}",
+                                  "labkit prunes and quantizes the vision models only, for now")
 
     def _check_inference(self) -> None:
         """The fields that turn the trained model into the one deployed (pruned, quantized)."""

@@ -31,7 +31,7 @@ from .techniques.freezing import freeze
 from .techniques.lora import add_lora, lora_layers
 from .techniques.optimizers import build_optimizer, warmup_lr
 from .techniques.precision import autocast, grad_scaler, resolve_precision
-from .techniques.token_loss import micro_batch_loss, split_rows
+from .train_lm import accumulate_tokens, checkpoint_layers, compile_layers, step_flops_extra
 
 PROFILING_STEPS = 2  # one FLOP-counting step, one memory-tracking step
 CHECK_LOSS_EVERY = 10  # reading the loss synchronises the GPU, so check it every few steps, not every step
@@ -121,7 +121,9 @@ def prepare_model(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
                 add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, cfg.lora_dropout)
             except ConfigError as error:  # name the config field the learner set
                 raise ConfigError(f"lora_{error.field}", error.value, error.allowed) from None
-    if cfg.checkpointing is not False:
+    if cfg.checkpointing is not False and models.is_language_model(cfg.model):
+        checkpoint_layers(model, cfg)  # each decoder layer, by transformers' own method
+    elif cfg.checkpointing is not False:
         apply_checkpointing(model, cfg.checkpointing)
     if cfg.freeze not in (None, "none"):
         freeze(model, cfg.freeze)
@@ -207,6 +209,10 @@ class Trainer:
         prepare_model(model, cfg)  # before the optimizer, which takes the parameters left to train
         memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.model = model.to(self.device, memory_format=memory_format)
+        compile_warning = compile_layers(self.model, cfg, self.device) if self.language else None
+        self.compiled = cfg.compile and compile_warning is None
+        if compile_warning:
+            self.warnings.append(compile_warning)
         self.sampler = self.allreduce_counter = None
         if distributed.active():
             self._go_data_parallel(bucket_cap_mb)
@@ -265,7 +271,8 @@ class Trainer:
         """
         cfg, device = self.cfg, self.device
         if self.language:
-            return self._accumulate_tokens(images)
+            return accumulate_tokens(self.model, images, cfg, self.precision, device, self.scaler,
+                                     measure.new_micro_batch)
         x = data.to_model_input(images, self.train_split, device, cfg.channels_last, cfg.image_size)
         y = labels.to(device, non_blocking=True)
         step_loss = torch.zeros((), device=device)
@@ -279,19 +286,6 @@ class Trainer:
                 with autocast(self.precision, device):
                     loss = F.cross_entropy(self.model(micro_x), micro_y) / cfg.grad_accum
                 self.scaler.scale(loss).backward()
-            step_loss += loss.detach().float()
-        return step_loss
-
-    def _accumulate_tokens(self, batch: text.TokenBatch) -> torch.Tensor:
-        micro_batches = split_rows(batch.to(self.device, non_blocking=True), self.cfg.grad_accum)
-        step_tokens = sum(int((micro.labels != text.IGNORE_INDEX).sum()) for micro in micro_batches)
-        step_loss = torch.zeros((), device=self.device)
-        for index, micro in enumerate(micro_batches):
-            if index:
-                measure.new_micro_batch()
-            with autocast(self.precision, self.device):
-                loss = micro_batch_loss(self.model, micro, step_tokens)
-            self.scaler.scale(loss).backward()
             step_loss += loss.detach().float()
         return step_loss
 
@@ -364,6 +358,7 @@ class Trainer:
         # scatters the heap on CPU and measurably slowed the following steps (about 7 % here).
         losses = torch.full((steps,), float("nan"), device=device)
         flops = None
+        first_step = measure.StepTimer(device)
         breakdown = measure.MemoryBreakdown(note="not measured")
         bar = tqdm(total=steps, desc=f"{cfg.model} {self.precision.name} bs{cfg.batch_size}",
                    disable=not progress or os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true"),
@@ -375,7 +370,7 @@ class Trainer:
             if index == prof.warmup_steps:
                 flops = self._count_flops(record_step)
                 if self.language:  # the CPU SDPA kernel's FLOPs, which torch's counter misses
-                    flops += models.uncounted_attention_flops(models.unwrap(self.model), *batch.input_ids.shape, device)
+                    flops += step_flops_extra(self.model, batch, device)
             elif index == prof.warmup_steps + 1:
                 breakdown = measure.track_step_memory(record_step, self.model, self.optimizer, device)
                 measure.reset_peak(device)  # CUDA peak statistics cover the timed steps only
@@ -387,6 +382,10 @@ class Trainer:
                 timer.stop()
                 if self.language:
                     self.timed_counts += batch.counts()
+            elif index == 0 and self.compiled:  # the step that compiles: timed apart, never a timed step
+                first_step.start()
+                record_step()
+                first_step.stop()
             else:
                 record_step()
             done = index + 1
@@ -404,6 +403,8 @@ class Trainer:
             if flops is not None:
                 flops = int(distributed.all_reduce_sum(torch.tensor(flops, dtype=torch.float64, device=device)))
         result = self._result(steps, timer.times_s(), losses.cpu().tolist(), flops, breakdown, train_time_s)
+        if self.compiled:  # the first step's time above a typical step's: what compiling cost
+            result.compile_time_s = max(0.0, first_step.times_s()[0] - result.step_time_s)
         result.planned_steps = planned if planned != steps else None
         if distributed.active():
             result.distributed = self._rank_figures(result, reduces_before, len(timer.times_s()))
