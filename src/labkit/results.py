@@ -45,6 +45,7 @@ METRIC_COLUMNS = (
     "throughput",
     "train_time_s", "peak_memory_bytes", "reserved_memory_bytes", "accuracy", "flops_per_step", "achieved_flops",
     "peak_flops", "mfu", "model_size_bytes", "num_params", "num_trainable_params", "weights",
+    "tokens_per_s", "real_tokens_per_s", "pad_fraction", "compile_time_s",  # language models (None otherwise)
 )
 
 INFERENCE_COLUMNS = ("method", "accuracy", "size_bytes", "nonzero_share")  # as inference_<name>: `RunResult.inference`
