@@ -1,0 +1,39 @@
+"""Notebook 10's speed ladder: each rung adds one change to the one below, every rung runs, the finding compares
+neighbours within their measured spreads."""
+
+import pytest
+
+import labkit
+from labkit.errors import ConfigError
+from labkit.labs.language import ladder
+
+pytest.importorskip("transformers")
+
+
+def _cfg():
+    return labkit.RunConfig(model="tiny_llama", dataset="pydoc_text", batch_size=8, seq_len=64, max_steps=8,
+                            train_size=128, pretrained=False, evaluate=False, device="cpu")
+
+
+def test_each_rung_changes_one_thing():
+    configs = ladder.ladder_configs(_cfg())
+    assert list(configs) == list(ladder.RUNGS)
+    rows = [c.to_dict() for c in configs.values()]
+    changed = [{k for k in a if a[k] != b[k]} for a, b in zip(rows, rows[1:], strict=False)]
+    assert changed[1:] == [{"attn_implementation"}, {"packing"}, {"optimizer_impl"}, {"compile"},
+                           {"checkpointing", "loss_chunks", "batch_size"}]
+    assert rows[0]["precision"] == "fp32" and rows[0]["packing"] == "pad_max"
+    with pytest.raises(ConfigError, match="cfg.dataset='shapes10'"):
+        ladder.ladder_configs(labkit.RunConfig())
+
+
+def test_the_ladder_runs_every_rung_and_words_a_finding():
+    result = ladder.speed_ladder(_cfg(), progress=False)
+    frame = result.frame
+    assert list(frame["rung"]) == list(ladder.RUNGS) and frame["error"].isna().all()
+    assert (frame["real_tokens_per_s"] > 0).all()
+    by_rung = frame.set_index("rung")
+    assert by_rung.loc["+packing", "pad_fraction"] < by_rung.loc["+SDPA", "pad_fraction"]
+    assert by_rung.loc["+compile", "compile_time_s"] > 0
+    text = result.finding()
+    assert text.startswith("Real tokens/s, each rung against the one below: +precision") and "Top rung" in text
