@@ -27,9 +27,29 @@ def test_sizes_and_weights(name, low, high):
     assert model.config.max_position_embeddings == models.max_positions(name) >= 128
 
 
-def test_pretrained_says_no_checkpoint_ships_yet():
+def test_the_shipped_checkpoint_loads_whole_for_the_digits_and_without_embeddings_for_the_bpe(capsys):
+    model, weights = models.build_language_model("tiny_llama", vocab_size=16)
+    assert weights.source == "labkit:tiny_llama.pt" and weights.warning is None
+    state = models.load_checkpoint("tiny_llama")  # sha256 checked against the manifest
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert models.checkpoint_dir().joinpath("tiny_llama.pt").stat().st_size < 5 * 2**20
+    bpe, weights = models.build_language_model("tiny_llama", vocab_size=2048)
+    assert weights.source == "labkit:tiny_llama.pt"
+    assert "token embeddings and output layer are new" in capsys.readouterr().out
+    layer = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(bpe.state_dict()[layer], state[layer]) and bpe.lm_head.weight.shape[0] == 2048
+
+
+def test_the_10m_model_never_ships_and_says_so():
+    _, weights = models.build_language_model("tiny_llama_10m", vocab_size=16)
+    assert weights.source == "random" and "NO PRETRAINED WEIGHTS for tiny_llama_10m" in weights.warning
+    assert "use tiny_llama for a pretrained start" in weights.warning
+
+
+def test_a_missing_checkpoint_says_how_to_make_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_CHECKPOINT_DIR", str(tmp_path))
     _, weights = models.build_language_model("tiny_llama", vocab_size=16)
-    assert weights.source == "random" and "NO PRETRAINED WEIGHTS" in weights.warning
+    assert weights.source == "random" and "`labkit pretrain tiny_llama`" in weights.warning
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])

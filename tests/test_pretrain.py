@@ -37,3 +37,22 @@ def test_committed_tiny_vit_checkpoint_transfers_to_the_fine_tuning_task():
     pretrained, scratch = labkit.fit(cfg), labkit.fit(cfg.replace(pretrained=False))
     assert pretrained.weights == "labkit:tiny_vit.pt" and scratch.weights == "random"
     assert pretrained.accuracy > scratch.accuracy + 0.2
+
+
+def test_pretrain_makes_the_language_models_checkpoint_on_its_source_task(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_CHECKPOINT_DIR", str(tmp_path))
+    info = pretrain("tiny_llama", steps=4)
+    assert info["source_dataset"] == "digits_source" and info["steps"] == 4
+    model, weights = models.build_language_model("tiny_llama", vocab_size=16)
+    assert weights.source == "labkit:tiny_llama.pt" and model.lm_head.weight.shape == (16, 128)
+
+
+def test_committed_tiny_llama_checkpoint_transfers_to_sorting():
+    """The shipped tiny_llama (trained to reverse digit strings) must beat a random start at sorting them. 120 steps
+    (it first unlearns reversing: its first loss on sorting is far above a random start's); measured here: 34 %
+    against 13 % exact match."""
+    cfg = labkit.RunConfig(model="tiny_llama", dataset="digits_sort", batch_size=32, lr=3e-3, lr_warmup_steps=10,
+                           max_steps=120, train_size=4096, packing="pack", device="cpu")
+    pretrained, scratch = labkit.fit(cfg, progress=False), labkit.fit(cfg.replace(pretrained=False), progress=False)
+    assert pretrained.weights == "labkit:tiny_llama.pt" and scratch.weights == "random"
+    assert pretrained.accuracy > scratch.accuracy + 0.1, (pretrained.accuracy, scratch.accuracy)

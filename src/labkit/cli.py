@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--fail-rank", type=int, help="make this rank fail on purpose (a demonstration)")
     doc.add_argument("--fail-step", type=int, help="... after this optimizer step")
     doc.add_argument("--fail-how", default="raise", choices=["raise", "exit", "hang"])
-    pre = sub.add_parser("pretrain", help="train labkit's offline checkpoints on the shapes_source task")
+    pre = sub.add_parser("pretrain", help="train labkit's offline checkpoints on their source tasks "
+                         "(shapes_source; digits_source for tiny_llama)")
     pre.add_argument("models", nargs="*", default=["small_cnn", "shufflenet_v2_x0_5"])
     pre.add_argument("--steps", type=int, default=None, help="optimizer steps (default: each model's recipe)")
     bench = sub.add_parser("bench", help="the notebooks' experiments at the full profile -> reference JSON files")

@@ -23,6 +23,8 @@ from .checkpoints import (
 )
 from .language import LANGUAGE_MODELS, build_llama, language_stages
 
+_VOCAB_KEYS = ("model.embed_tokens.weight", "lm_head.weight")  # a Llama's vocabulary-sized weights
+
 # Model name -> family; a family decides the stage layout.
 _FAMILIES = {
     "small_cnn": "small_cnn",
@@ -84,7 +86,8 @@ def build_language_model(name: str, vocab_size: int, pretrained: bool = True,
     Args:
         name: one of `labkit.models.language_models()`.
         vocab_size: the tokenizer's vocabulary size (``<pad>`` is id 0).
-        pretrained: True asks for labkit's pretrained checkpoint; none ships yet, so random weights with a warning.
+        pretrained: True loads labkit's checkpoint (`labkit pretrain`: ``tiny_llama`` pretrained on ``digits_source``;
+            with another vocabulary its embeddings and output layer start new), else random weights with a warning.
         attn_implementation: ``sdpa`` or ``eager``.
 
     Example:
@@ -95,9 +98,31 @@ def build_language_model(name: str, vocab_size: int, pretrained: bool = True,
     model = build_llama(name, vocab_size, attn_implementation)
     if not pretrained:
         return model, WeightsInfo("random")
-    # labkit's checkpoint pretrained on digits_source loads here once `labkit pretrain` makes it (issue 28, next slice)
-    warning = (f"NO PRETRAINED WEIGHTS for {name}: labkit does not ship its language-model checkpoint yet, so it "
-               "starts from RANDOM weights; pass pretrained=False to train from scratch on purpose.")
+    entry = _read_manifest().get(name)
+    if entry is not None and (checkpoint_dir() / entry["file"]).is_file():
+        origin = str(checkpoint_dir() / entry["file"])
+        state = load_checkpoint(name)
+        # Another tokenizer (pydoc_text's BPE against the digits' characters): the decoder layers transfer,
+        # the token embeddings and the output layer start new for the new vocabulary.
+        new = [key for key in _VOCAB_KEYS if key in state and state[key].shape != model.state_dict()[key].shape]
+        missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if k not in new}, strict=False)
+        if [k for k in missing if k not in new] or unexpected:
+            raise LabkitError(f"the weights in {origin} do not fit {name}: missing {missing[:5]}, unexpected "
+                              f"{unexpected[:5]}. The checkpoint was made for another architecture: re-run "
+                              "`labkit pretrain`.")
+        if new:
+            note(f"{name} starts from labkit's checkpoint {entry['file']} (pretrained on "
+                 f"{entry.get('source_dataset')}); its token embeddings and output layer are new, sized for this "
+                 f"dataset's {vocab_size}-token vocabulary")
+        return model, WeightsInfo(f"labkit:{entry['file']}")
+    if name in SHIPPED_CHECKPOINTS:
+        why, fix = (f"its checkpoint is missing from {checkpoint_dir()}",
+                    f"create it with `labkit pretrain {name}`")
+    else:
+        why, fix = (f"labkit ships weights only for {[n for n in SHIPPED_CHECKPOINTS if n in LANGUAGE_MODELS]}, and "
+                    f"{name} is for speed and memory measurements", "use tiny_llama for a pretrained start")
+    warning = (f"NO PRETRAINED WEIGHTS for {name}: {why}, so it starts from RANDOM weights. To fix: {fix}; or pass "
+               "pretrained=False to train from scratch on purpose.")
     note(warning)
     return model, WeightsInfo("random", warning)
 
@@ -323,6 +348,8 @@ def _head_keys(model: nn.Module) -> set[str]:
 def save_checkpoint(model: nn.Module, name: str, meta: dict) -> Path:
     """Save ``model``'s weights without its head as ``<name>.pt`` and record its sha256 in ``manifest.json``.
 
+    A language model keeps its output layer: its vocabulary is the fine-tuning task's too.
+
     Args:
         model: a model from `build` (any wrapper is removed).
         name: the checkpoint name; `build` looks a checkpoint up by the model name, e.g. ``small_cnn``.
@@ -335,6 +362,6 @@ def save_checkpoint(model: nn.Module, name: str, meta: dict) -> Path:
         >>> save_checkpoint(model, "small_cnn", {"task": "shapes_source", "val_accuracy": 0.97})
     """
     m = unwrap(model)
-    head = _head_keys(m)
+    head = set() if getattr(m, "labkit_name", None) in LANGUAGE_MODELS else _head_keys(m)
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in m.state_dict().items() if k not in head}
     return write_checkpoint(state, name, meta)

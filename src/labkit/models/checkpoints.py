@@ -21,7 +21,7 @@ MANIFEST_NAME = "manifest.json"
 
 
 # Models small enough (a few MB) for labkit to ship offline checkpoints of (`labkit pretrain`).
-SHIPPED_CHECKPOINTS = ("small_cnn", "shufflenet_v2_x0_5", "tiny_vit")
+SHIPPED_CHECKPOINTS = ("small_cnn", "shufflenet_v2_x0_5", "tiny_vit", "tiny_llama")
 
 
 def checkpoint_dir() -> Path:

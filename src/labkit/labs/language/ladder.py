@@ -16,7 +16,8 @@ from ...measure import separated
 from ...messages import worded
 from ...units import mib
 
-RUNGS = ("baseline", "+precision", "+SDPA", "+packing", "+fused AdamW", "+compile", "+checkpointing, chunked loss, 2x batch")
+RUNGS = ("baseline", "+precision", "+SDPA", "+packing", "+fused AdamW", "+compile",
+         "+checkpointing, chunked loss, 2x batch")
 
 
 def ladder_configs(cfg: RunConfig, precision: str = "auto", loss_chunks: int = 4) -> dict[str, RunConfig]:
