@@ -1,8 +1,8 @@
 """labkit's small decoder language models by name: transformers' Llama (RMSNorm, RoPE, SwiGLU), built from a config.
 
 - ``tiny_llama``: about 1M parameters with the digit tasks' 16-token vocabulary (hidden 128, 4 layers, 4 heads,
-  SwiGLU width 344): the workload at ``ci``. labkit will pretrain it on ``digits_source`` and ship it (issue 28's
-  next slice); until then it starts from random weights, which `build_language_model` says in its `WeightsInfo`.
+  SwiGLU width 344): the workload at ``ci``. labkit pretrains it on ``digits_source`` (`labkit pretrain tiny_llama`)
+  and ships the checkpoint; `build_language_model` loads it.
 - ``tiny_llama_10m``: about 10M parameters (hidden 384, 6 layers, 6 heads, width 1024), random weights, never
   shipped: for speed and memory at ``quick``.
 
