@@ -1,0 +1,170 @@
+"""Section 8 of notebook 10, the KV cache at inference: greedy generation with the cache (each new token attends to
+the keys and values kept from the tokens before it) against without (the whole sequence recomputed for every new
+token), and the cache's size, 2 (K and V) x layers x kv_heads x head_dim x bytes per token, for multi-head attention
+against grouped-query attention (GQA: a few key/value heads shared by groups of query heads)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pandas as pd
+import torch
+
+from ... import measure
+from ...display import number
+from ...env import profile
+from ...messages import worded
+from ...models.language import LANGUAGE_MODELS, build_llama, transformers_module
+from ...units import mib
+
+
+def _cache_of(model, output):
+    """The output's cache: transformers 5 names it ``cache``, 4 ``past_key_values`` (the keyword too)."""
+    return output["cache"] if "cache" in output else output["past_key_values"]
+
+
+def _cache_keyword(model) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def cache_tensors_bytes(cache) -> int:
+    """Bytes of the key and value tensors a transformers cache holds, measured from the tensors themselves."""
+    layers = getattr(cache, "layers", None)
+    pairs = [(layer.keys, layer.values) for layer in layers] if layers is not None else \
+        list(zip(cache.key_cache, cache.value_cache, strict=True))
+    return sum(t.numel() * t.element_size() for pair in pairs for t in pair if t is not None)
+
+
+def cache_bytes_per_token(config, bytes_per_value: int = 4) -> int:
+    """The KV cache's bytes per token: 2 (K and V) x layers x kv_heads x head_dim x ``bytes_per_value``.
+
+    Example:
+        >>> cache_bytes_per_token(model.config)  # tiny_llama: 2 x 4 x 4 x 32 x 4
+        4096
+    """
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * bytes_per_value
+
+
+@torch.no_grad()
+def generate_greedy(model, prompt_ids: torch.Tensor, new_tokens: int, use_cache: bool = True):
+    """``new_tokens`` greedy tokens after ``prompt_ids`` [rows, length]; returns (all ids, the cache or None).
+
+    With the cache each step feeds only the newest token; without, the whole sequence so far.
+    """
+    ids, cache, keyword = prompt_ids, None, _cache_keyword(model)
+    for _ in range(new_tokens):
+        if use_cache and cache is not None:
+            output = model(input_ids=ids[:, -1:], use_cache=True, **{keyword: cache})
+        else:
+            output = model(input_ids=ids, use_cache=use_cache)
+        cache = _cache_of(model, output) if use_cache else None
+        ids = torch.cat([ids, output.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids, cache
+
+
+def generation_speed(model_name: str = "tiny_llama", prompt_len: int = 32, new_tokens: int | None = None,
+                     repeats: int | None = None, seed: int = 0) -> pd.DataFrame:
+    """Greedy generation with and without the KV cache, timed interleaved, on a random-weight Llama.
+
+    Args:
+        model_name: a labkit Llama. prompt_len: prompt tokens. new_tokens: tokens generated (None: 32 at ``ci``,
+            96 otherwise; prompt + new at most the model's 256 positions). repeats: timed generations of each
+            (None: the profile's, at most 8). seed: weights and prompt.
+
+    Returns:
+        A frame: ``use_cache``, ``tokens_per_s`` (new tokens over the median time), ``time_s`` with ``time_p10_s``
+        / ``_p90_s``, ``same_tokens`` (as the cache-free run's), ``cache_bytes`` (measured) and
+        ``formula_cache_bytes`` (bytes per token x the cached tokens).
+
+    Example:
+        >>> generation_speed()[["use_cache", "tokens_per_s", "same_tokens"]]
+    """
+    prof = profile()
+    new_tokens = (32 if prof.name == "ci" else 96) if new_tokens is None else new_tokens
+    repeats = min(prof.repeats, 8) if repeats is None else repeats
+    torch.manual_seed(seed)
+    model = build_llama(model_name, vocab_size=2048).eval()
+    prompt = torch.randint(3, 2048, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    outputs = {flag: generate_greedy(model, prompt, new_tokens, use_cache=flag) for flag in (True, False)}
+    timers = {flag: measure.StepTimer(torch.device("cpu")) for flag in outputs}
+    for _ in range(repeats):
+        for flag, timer in timers.items():
+            timer.start()
+            generate_greedy(model, prompt, new_tokens, use_cache=flag)
+            timer.stop()
+    cached = prompt_len + new_tokens - 1  # the last token generated is never fed back
+    rows = []
+    for flag, (ids, cache) in outputs.items():
+        median, p10, p90 = measure.spread(timers[flag].times_s())
+        rows.append({"use_cache": flag, "tokens_per_s": new_tokens / median, "time_s": median, "time_p10_s": p10,
+                     "time_p90_s": p90, "same_tokens": bool(torch.equal(ids, outputs[False][0])),
+                     "cache_bytes": cache_tensors_bytes(cache) if cache is not None else 0,
+                     "formula_cache_bytes": cache_bytes_per_token(model.config) * cached if flag else 0})
+    return pd.DataFrame(rows)
+
+
+def gqa_cache_sizes(model_name: str = "tiny_llama", groups=(1, 4), tokens: int = 16) -> pd.DataFrame:
+    """The cache of one Llama with ``num_key_value_heads`` = heads / group for each group size (1: multi-head).
+
+    Args:
+        model_name: a labkit Llama whose shape to take. groups: query heads per key/value head (divisors of the
+            heads). tokens: prompt tokens run through each model to measure its cache.
+
+    Returns:
+        A frame: ``attention`` (``MHA`` or ``GQA-<group>``), ``kv_heads``, ``bytes_per_token`` (formula),
+        ``measured_bytes_per_token``, ``num_params`` and ``ratio`` (bytes per token against the first).
+
+    Example:
+        >>> gqa_cache_sizes()["ratio"].tolist()
+        [1.0, 0.25]
+    """
+    spec = LANGUAGE_MODELS[model_name]
+    transformers = transformers_module(model_name)
+    rows = []
+    for group in groups:
+        config = transformers.LlamaConfig(
+            vocab_size=2048, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
+            num_key_value_heads=spec.num_attention_heads // group, max_position_embeddings=spec.max_position_embeddings)
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).eval()
+        with torch.no_grad():
+            cache = _cache_of(model, model(input_ids=torch.arange(3, 3 + tokens)[None], use_cache=True))
+        rows.append({"attention": "MHA" if group == 1 else f"GQA-{group}", "kv_heads": config.num_key_value_heads,
+                     "bytes_per_token": cache_bytes_per_token(config),
+                     "measured_bytes_per_token": cache_tensors_bytes(cache) // tokens,
+                     "num_params": sum(p.numel() for p in model.parameters())})
+    frame = pd.DataFrame(rows)
+    frame["ratio"] = frame["bytes_per_token"] / frame["bytes_per_token"].iloc[0]
+    return frame
+
+
+@worded
+def generation_finding(frame: pd.DataFrame) -> str:
+    """The cached generation's tokens/s against the cache-free one's (beyond the noise or not), same tokens or not,
+    and the cache's measured bytes against the formula."""
+    on, off = frame.set_index("use_cache").loc[True], frame.set_index("use_cache").loc[False]
+    order = measure.separated((on["time_p10_s"], on["time_p90_s"]), (off["time_p10_s"], off["time_p90_s"]))
+    speed = number(on["tokens_per_s"] / off["tokens_per_s"])
+    verdict = {-1: f"{speed}x the tokens/s", 1: f"{speed}x the tokens/s (slower)",
+               0: f"no speed-up beyond the noise ({speed}x)", None: f"{speed}x (no timing spread)"}[order]
+    same = "the same tokens" if on["same_tokens"] else "DIFFERENT tokens"
+    fits = "as the formula says" if on["cache_bytes"] == on["formula_cache_bytes"] else \
+        f"against the formula's {mib(on['formula_cache_bytes'], '.3g')}"
+    return (f"With the KV cache: {verdict} ({number(on['tokens_per_s'])} against {number(off['tokens_per_s'])}), "
+            f"{same}; the cache holds {mib(on['cache_bytes'], '.3g')}, {fits}.")
+
+
+def _heads(count) -> str:
+    return f"{int(count)} KV head{'s' if count != 1 else ''}"
+
+
+@worded
+def gqa_finding(frame: pd.DataFrame) -> str:
+    """Each attention's cache bytes per token against multi-head attention's."""
+    base = frame.iloc[0]
+    parts = [f"{row['attention']} ({_heads(row['kv_heads'])}) {number(row['bytes_per_token'])} bytes per token, "
+             f"{number(row['ratio'])}x" for _, row in frame.iloc[1:].iterrows()]
+    return (f"{base['attention']} ({_heads(base['kv_heads'])}) caches {number(base['bytes_per_token'])} bytes per "
+            f"token; " + "; ".join(parts) + ".")
