@@ -27,7 +27,7 @@ def _model_name() -> str:
 
 def speed_config(**fields) -> RunConfig:
     """The section's run: a random-weight Llama (``tiny_llama`` at ``ci``, ``tiny_llama_10m`` otherwise) on
-    pydoc_text, packed rows at the dataset's default length, the profile's timed steps, no evaluation.
+    pydoc_text, packed rows at the dataset's default length, the profile's timed steps (at most 6), no evaluation.
 
     Args:
         fields: any `RunConfig` field, e.g. ``checkpointing=True`` or ``compile=True``.
@@ -35,7 +35,7 @@ def speed_config(**fields) -> RunConfig:
     prof = profile()
     base = {"model": _model_name(), "dataset": "pydoc_text", "packing": "pack", "batch_size": 4,
             "pretrained": False, "evaluate": False, "train_size": 64,
-            "max_steps": prof.warmup_steps + PROFILING_STEPS + prof.repeats}
+            "max_steps": prof.warmup_steps + PROFILING_STEPS + min(prof.repeats, 6)}
     return RunConfig(**{**base, **fields})
 
 
@@ -118,7 +118,7 @@ def optimizer_kernels(model_name: str | None = None, impls=OPTIMIZER_IMPLS, repe
 
     Args:
         model_name: the Llama whose parameters to step (None: ``tiny_llama`` at ``ci``, ``tiny_llama_10m`` otherwise).
-        impls: kernels, from `OPTIMIZER_IMPLS`; the first is the reference. repeats: timed rounds (None: 4 x the
+        impls: kernels, from `OPTIMIZER_IMPLS`; the first is the reference. repeats: timed rounds (None: 2 x the
             profile's repeats). seed: weights and gradients.
 
     Returns:
@@ -129,7 +129,7 @@ def optimizer_kernels(model_name: str | None = None, impls=OPTIMIZER_IMPLS, repe
         >>> optimizer_kernels()[["impl", "step_time_s", "time_ratio"]]
     """
     model_name = model_name or _model_name()
-    repeats = 4 * profile().repeats if repeats is None else repeats
+    repeats = 2 * profile().repeats if repeats is None else repeats
     torch.manual_seed(seed)
     reference = build_llama(model_name, vocab_size=2048)
     optimizers, timers = {}, {}
