@@ -8,6 +8,7 @@ import torch
 import labkit
 from labkit import display, measure
 from labkit.errors import ConfigError
+from labkit.inference import LATENCY_BATCH
 from labkit.labs import quantization as lab
 from labkit.labs.quantization import workload
 from labkit.techniques import quantization
@@ -25,12 +26,17 @@ def cfgs():
     return {"tiny_vit": cnn.replace(model="tiny_vit"), "small_cnn": cnn}
 
 
+CPU_BATCH, EVAL_IMAGES = 16, 64
+
+
 @pytest.fixture(scope="module")
 def table(cfgs):
     methods = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_dynamic_torchao", "int8_static", "int4_weight_only",
                "nf4_bnb",
                lab.QAT)
-    return lab.compare(cfgs, methods=methods, num_calibration=2, progress=False)
+    # a small latency batch and test slice: the emulated fp16/bf16 and torchao's CPU int8 matmul are slow here
+    return lab.compare(cfgs, methods=methods, num_calibration=2, progress=False, cpu_batch=CPU_BATCH,
+                       eval_images=EVAL_IMAGES)
 
 
 def test_workloads_are_the_vit_and_the_profiles_cnn():
@@ -61,6 +67,7 @@ def test_scheme_errors_per_channel_wins_when_rows_differ():
 
 def test_compare_measures_every_method_or_says_why_not(table):
     assert len(table) == 2 * 9 and set(table.model) == {"tiny_vit", "small_cnn"}
+    assert (table.cpu_batch == CPU_BATCH).all() and (table.test_images == EVAL_IMAGES).all()
     rows = table.set_index(["model", "method"])
     assert not rows.loc[("tiny_vit", "int4_weight_only"), "ran"]
     assert "CUDA" in rows.loc[("tiny_vit", "int4_weight_only"), "reason"]
@@ -158,6 +165,7 @@ def test_compare_always_measures_the_fp32_reference(cfgs):
     table = lab.compare({"small_cnn": cfgs["small_cnn"]}, methods=("int8_static",), num_calibration=1,
                         progress=False)
     assert list(table.method) == ["fp32", "int8_static"]
+    assert (table.cpu_batch == LATENCY_BATCH).all() and (table.test_images == labkit.profile("ci").test_size).all()
     assert table.size_vs_fp32.iloc[1] < 0.35 and "small_cnn" in str(lab.compare_finding(table))
 
 

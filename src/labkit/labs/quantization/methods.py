@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ... import display, measure, results
+from ... import display, measure, results, train
 from ...config import RunConfig
 from ...env import cuda_usable, profile
 from ...errors import ConfigError, UnsupportedError
@@ -136,8 +136,10 @@ def not_run_reason(cpu: _Built, gpu: _Built | None) -> str | None:
     return "; ".join(f"{where}: {reason}" for where, reason in failed) or None
 
 
-def _compare_rows(cfgs: dict[str, RunConfig], methods: tuple, num_calibration: int, progress: bool) -> pd.DataFrame:
+def _compare_rows(cfgs: dict[str, RunConfig], methods: tuple, num_calibration: int, progress: bool,
+                  cpu_batch: int | None = None, eval_images: int | None = None) -> pd.DataFrame:
     rows = []
+    latency_batch = cpu_batch
     for name, cfg in cfgs.items():
         model = fine_tuned(cfg, progress=progress)[0].eval()
         cpu_model = copy.deepcopy(model).cpu()
@@ -148,10 +150,11 @@ def _compare_rows(cfgs: dict[str, RunConfig], methods: tuple, num_calibration: i
             gpu = {m: build(model, m, cfg, calibration) for m in methods if m != QAT}
         # On a GPU machine the CPU is a cloud VM's few cores and the model is the profile's large one: time the
         # CPU copies on a smaller batch and fewer calls (the table records the batch).
-        cpu_batch, cpu_prof = LATENCY_BATCH, None
+        cpu_batch, cpu_prof = latency_batch or LATENCY_BATCH, None
         if gpu:
-            cpu_batch = CPU_BATCH_BESIDE_GPU
+            cpu_batch = latency_batch or CPU_BATCH_BESIDE_GPU
             cpu_prof = dataclasses.replace(profile(), repeats=2 * LATENCY_ROUNDS, warmup_steps=1)
+        test_images = min(len(train.run_splits(cfg, training=False)["test"]), eval_images or EVAL_IMAGES)
         cpu_times, cpu_noise = _timed(cpu, cpu_model, example_batch(cfg, cpu_batch, torch.device("cpu")), cpu_prof)
         gpu_times, gpu_noise = _timed(gpu, model, example_batch(cfg, LATENCY_BATCH)) if gpu else ({}, math.nan)
         for m in methods:
@@ -161,27 +164,30 @@ def _compare_rows(cfgs: dict[str, RunConfig], methods: tuple, num_calibration: i
                    "threads": torch.get_num_threads(), "cpu_batch": cpu_batch,
                    "cpu_latency_s": cpu_times.get(m, math.nan), "cpu_noise": cpu_noise,
                    "gpu_latency_s": gpu_times.get(m, math.nan), "gpu_noise": gpu_noise, "quantize_s": done.seconds,
-                   "linear_share": linear_share(cpu_model)}
+                   "linear_share": linear_share(cpu_model), "test_images": test_images}
             if done.model is not None:
                 row["model_size_bytes"] = measure.model_size_bytes(done.model)
-                row["test_accuracy"] = eval_accuracy(done.model, cfg)
+                row["test_accuracy"] = eval_accuracy(done.model, cfg, test_images)
             rows.append(row)
     return pd.DataFrame(rows)
 
 
 def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
-            num_calibration: int = CALIBRATION_BATCHES, progress: bool = True, refresh: bool = False) -> pd.DataFrame:
+            num_calibration: int = CALIBRATION_BATCHES, progress: bool = True, refresh: bool = False,
+            cpu_batch: int | None = None, eval_images: int | None = None) -> pd.DataFrame:
     """Every method on every model: one row per (model, method), measured once, then read from the cache.
 
     Args:
         cfgs: model name -> fine-tune (default: `workloads`). methods: names from `TABLE_METHODS` (fp32 is added).
         num_calibration: calibration batches for static int8. refresh: measure again.
+        cpu_batch: the CPU latency batch (default: `LATENCY_BATCH`; `CPU_BATCH_BESIDE_GPU` beside a GPU).
+        eval_images: the first test images each accuracy is taken on (default: `EVAL_IMAGES`, at most the split).
 
     Returns:
         ``model``, ``method``, ``api``, ``ran`` (else ``reason``, its first clause in ``not run because``),
         ``model_size_bytes``, ``size_vs_fp32``, ``cpu_latency_s`` (batch ``cpu_batch``), ``cpu_speedup``,
         ``cpu_noise`` (fp32 timed twice: relative gap), ``threads``, and ``gpu_*`` alike (NaN without a GPU),
-        ``test_accuracy``, ``accuracy_drop`` (below fp32), ``quantize_s``, ``linear_share``.
+        ``test_accuracy`` (on ``test_images``), ``accuracy_drop`` (below fp32), ``quantize_s``, ``linear_share``.
     """
     cfgs = workloads() if cfgs is None else cfgs
     unknown = [m for m in methods if m not in TABLE_METHODS]
@@ -190,9 +196,14 @@ def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
     if not cfgs:
         raise ConfigError("cfgs", cfgs, "a non-empty dict of model name -> RunConfig (e.g. workloads())")
     methods = ("fp32", *(m for m in methods if m != "fp32"))  # the reference every ratio is taken against
-    table = results.cached_frame("quant-compare", cfgs.values(),
-                                 lambda: _compare_rows(cfgs, methods, num_calibration, progress), refresh=refresh,
-                                 models=list(cfgs), methods=methods, num_calibration=num_calibration)
+
+    def rows() -> pd.DataFrame:
+        return _compare_rows(cfgs, methods, num_calibration, progress, cpu_batch, eval_images)
+
+    table = results.cached_frame("quant-compare", cfgs.values(), rows,
+                                 refresh=refresh, models=list(cfgs), methods=methods, num_calibration=num_calibration,
+                                 **({"cpu_batch": cpu_batch} if cpu_batch else {}),
+                                 **({"eval_images": eval_images} if eval_images else {}))
     for column in ("model_size_bytes", "test_accuracy", "cpu_latency_s", "gpu_latency_s", "cpu_noise", "gpu_noise"):
         table[column] = pd.to_numeric(table[column]) if column in table else math.nan  # a cached None is NaN
     fp32 = table[table.method == "fp32"].set_index("model")
@@ -268,7 +279,9 @@ def accuracy_noise(table: pd.DataFrame, model: str) -> float:
     Args:
         table: `compare`'s table. model: the model.
     """
-    return measure.accuracy_noise(row(table, model, "fp32").test_accuracy, min(profile().test_size, EVAL_IMAGES))
+    fp32 = row(table, model, "fp32")
+    images = fp32.test_images if "test_images" in table else min(profile().test_size, EVAL_IMAGES)  # older caches
+    return measure.accuracy_noise(fp32.test_accuracy, int(images))
 
 
 @worded
