@@ -126,6 +126,19 @@ METRICS: dict[str, Metric] = {
     "memory_ratio": _m("peak memory, with / without", "x"),
     "size_ratio": _m("model size, with / without", "x"),
     "accuracy_change": _m("accuracy change", "points", 100.0),
+    # language models (notebook 10)
+    "tokens_per_s": _m("tokens/s", "tokens/s"),
+    "real_tokens_per_s": _m("real tokens/s (padding left out)", "tokens/s"),
+    "pad_fraction": _m("padding share of the tokens", "%", 100.0),
+    "compile_time_s": _m("compile time (first step)", "s"),
+    "seq_len": _m("sequence length", "tokens"),
+    "vocab_size": _m("vocabulary", "tokens"),
+    "chars_per_token": _m("characters per token"),
+    "peak_ratio": _m("peak memory, against one cross-entropy", "x"),
+    "loss_diff": _m("relative loss difference"),
+    "grad_diff": _m("relative gradient difference"),
+    "bytes_per_token": _m("KV cache per token (formula)", BYTES),
+    "measured_bytes_per_token": _m("KV cache per token (measured)", BYTES),
     **{f"mem_{c}_bytes": _m(f"memory: {c.replace('_', ' ')}", BYTES) for c in MEMORY_CATEGORIES},
 }
 

@@ -37,3 +37,16 @@ def test_the_ladder_runs_every_rung_and_words_a_finding():
     assert by_rung.loc["+compile", "compile_time_s"] > 0
     text = result.finding()
     assert text.startswith("Real tokens/s, each rung against the one below: +precision") and "Top rung" in text
+
+
+def test_the_finding_calls_a_rung_faster_only_when_its_time_per_real_token_lies_below():
+    import pandas as pd
+
+    rows = [{"rung": "baseline", "real_tokens_per_s": 100.0, "peak_memory_bytes": 2**20, "error": None,
+             "time_per_real_token_p10_s": 0.010, "time_per_real_token_p90_s": 0.011},
+            {"rung": "+SDPA", "real_tokens_per_s": 200.0, "peak_memory_bytes": 2**20, "error": None,
+             "time_per_real_token_p10_s": 0.004, "time_per_real_token_p90_s": 0.006},
+            {"rung": "+packing", "real_tokens_per_s": 190.0, "peak_memory_bytes": 2**20, "error": None,
+             "time_per_real_token_p10_s": 0.005, "time_per_real_token_p90_s": 0.0065}]
+    text = ladder.Ladder(frame=pd.DataFrame(rows)).finding()
+    assert "+SDPA 2x (faster)" in text and "+packing 0.95x (within the noise)" in text

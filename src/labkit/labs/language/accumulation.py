@@ -47,17 +47,19 @@ def _digits(rows: int, seed: int) -> tuple[text.TokenData, int]:
     return train, train.tokenizer.vocab_size
 
 
-def accumulation_gradients(rows: int = 8, grad_accum: int = 4, seed: int = 0) -> dict:
+def accumulation_gradients(rows: int = 8, grad_accum: int = 4, seed: int = 0, accumulate=None) -> dict:
     """The gradient of one batch of ``rows`` digits_sort examples against ``grad_accum`` micro-batches of it, each rule.
 
     The rows are sorted shortest first, so each micro-batch holds more answer tokens than the one before.
 
     Args:
         rows: examples in the batch. grad_accum: micro-batches (a divisor of ``rows``). seed: data and weights.
+        accumulate: a learner's ``accumulate(model, micro_batches)`` (backward passes only), checked as a third rule.
 
     Returns:
         A dict: ``label_tokens`` (per micro-batch), ``old_error`` and ``labkit_error`` (each rule's accumulated
-        gradient's relative error ``|g - g_batch| / |g_batch|``), ``grad_accum``, ``rows``.
+        gradient's relative error ``|g - g_batch| / |g_batch|``), ``yours_error`` with ``accumulate``, ``grad_accum``,
+        ``rows``.
 
     Example:
         >>> accumulation_gradients()["old_error"] > 0.05
@@ -75,6 +77,9 @@ def accumulation_gradients(rows: int = 8, grad_accum: int = 4, seed: int = 0) ->
     for rule in RULES:
         _backward(model, batch, rule, grad_accum)
         errors[f"{rule}_error"] = float((_gradient(model) - whole).norm() / whole.norm())
+    if accumulate is not None:
+        accumulate(model, split_rows(batch, grad_accum))
+        errors["yours_error"] = float((_gradient(model) - whole).norm() / whole.norm())
     return {"rows": rows, "grad_accum": grad_accum,
             "label_tokens": [m.counts().label_tokens for m in split_rows(batch, grad_accum)], **errors}
 

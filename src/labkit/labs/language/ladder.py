@@ -61,9 +61,10 @@ class Ladder:
         parts = []
         rows = list(ok.itertuples(index=False))
         for below, row in zip(rows, rows[1:], strict=False):
-            order = separated((below.time_per_real_token_p10_s, below.time_per_real_token_p90_s),
-                              (row.time_per_real_token_p10_s, row.time_per_real_token_p90_s))
+            order = separated((row.time_per_real_token_p10_s, row.time_per_real_token_p90_s),
+                              (below.time_per_real_token_p10_s, below.time_per_real_token_p90_s))
             speed = row.real_tokens_per_s / below.real_tokens_per_s
+            # order -1: this rung's time per real token lies wholly below the rung below's
             verdict = {None: "no spread measured", 0: "within the noise", 1: "slower", -1: "faster"}[order]
             parts.append(f"{row.rung} {number(speed)}x ({verdict})")
         text = "Real tokens/s, each rung against the one below: " + "; ".join(parts) + "."

@@ -39,7 +39,8 @@ def logits_sizes(rows: int = 4, width: int = 512, vocab_sizes: dict | None = Non
 
 
 def chunked_loss_peaks(chunk_counts=(2, 4, 8), rows: int = 4, width: int | None = None, hidden_size: int = 128,
-                       vocab_size: int = 2048, repeats: int | None = None, seed: int = 0) -> pd.DataFrame:
+                       vocab_size: int = 2048, repeats: int | None = None, seed: int = 0,
+                       loss_fn=chunked_loss_sum) -> pd.DataFrame:
     """Peak memory and time of output layer + loss + backward: one cross-entropy, then ``chunked_loss_sum``.
 
     A bias-free ``nn.Linear(hidden_size, vocab_size)`` head on random final hidden states (what a model's body
@@ -49,6 +50,7 @@ def chunked_loss_peaks(chunk_counts=(2, 4, 8), rows: int = 4, width: int | None 
         chunk_counts: slices of the sequence to try, each >= 2 (``chunked_loss_sum`` allows uneven slices).
         rows, width: the batch (``width`` None: 128 at ``ci``, 512 otherwise). hidden_size, vocab_size: the head.
         repeats: timed passes of each, interleaved (None: the profile's). seed: for the head and the data.
+        loss_fn: the chunked loss, ``loss_fn(hidden, head, labels, chunks)`` (a learner's own, or labkit's).
 
     Returns:
         A frame: ``chunks`` (1: one cross-entropy, no checkpoint), ``logits_bytes``, ``peak_memory_bytes``,
@@ -69,8 +71,9 @@ def chunked_loss_peaks(chunk_counts=(2, 4, 8), rows: int = 4, width: int | None 
     head = nn.Linear(hidden_size, vocab_size, bias=False)
     hidden = torch.randn(rows, width, hidden_size, generator=g).requires_grad_(True)
     labels = torch.randint(0, vocab_size, (rows, width), generator=g)
+    chunked = loss_fn  # the loop below rebinds the name loss_fn
     variants = {1: lambda: token_loss_sum(head(hidden), labels)}
-    variants.update({c: (lambda c=c: chunked_loss_sum(hidden, head, labels, c)) for c in chunk_counts})
+    variants.update({c: (lambda c=c: chunked(hidden, head, labels, c)) for c in chunk_counts})
 
     def run(loss_fn):
         hidden.grad = head.weight.grad = None

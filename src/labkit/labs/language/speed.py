@@ -13,8 +13,9 @@ from ...display import number
 from ...env import profile
 from ...messages import worded
 from ...models.language import build_llama
+from ...results import cached_fit
 from ...techniques.optimizers import build_optimizer
-from ...train import PROFILING_STEPS, fit
+from ...train import PROFILING_STEPS
 from ...units import mib
 
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
@@ -48,13 +49,13 @@ def _row(name: str, res) -> dict:
 
 def _compare(cfg: RunConfig | None, field: str, progress: bool) -> pd.DataFrame:
     cfg = cfg or speed_config()
-    runs = {"off": fit(cfg.replace(**{field: False}), progress=progress),
-            "on": fit(cfg.replace(**{field: True}), progress=progress)}
+    runs = {"off": cached_fit(cfg.replace(**{field: False}), progress=progress),
+            "on": cached_fit(cfg.replace(**{field: True}), progress=progress)}
     return pd.DataFrame([_row(f"{field}={name}", res) for name, res in runs.items()])
 
 
 def checkpointing_runs(cfg: RunConfig | None = None, progress: bool = False) -> pd.DataFrame:
-    """``cfg`` (default `speed_config()`) run without, then with, per-decoder-layer checkpointing.
+    """``cfg`` (default `speed_config()`) run without, then with, per-decoder-layer checkpointing (cached runs).
 
     Returns:
         A frame, one row per run: ``run``, ``step_time_s`` with ``step_time_p10_s`` / ``_p90_s``, ``tokens_per_s``,
