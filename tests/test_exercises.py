@@ -39,6 +39,8 @@ SOLUTIONS = {
     "08.own_count": 5_642 + (34_314 - 5_642) / 14 * 30,  # 2,048 per rank: 66,090
     "08.adam_state": 32 * 2 * 8 * 8192 * 2 * 4 / 1e6,   # 4,194,304 parameters x 8 B = 33.55 MB
     "09.own_stack": 3.67 * 1.0 * 0.95 * 0.51,    # 1.7781
+    "10.logits_gib": 8 * 2048 * 128256 * 4 / 2**30,  # 7.83
+    "10.own_pad_share": 4390.0 * (1 - 0.578),  # 1852.6
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
@@ -65,9 +67,11 @@ WRONG = {
     "08.own_count": (34_314 * 2, "scale the whole count with the rank"),  # the head grew too
     "08.adam_state": (16.78, "half the answer"),  # one AdamW state only
     "09.own_stack": (3.67 - 0.05 - 0.49, "ratios multiply"),  # the savings added up
+    "10.logits_gib": (8 * 2048 * 128256 * 2 / 2**30, "upcasts the logits to float32"),  # bf16's 2 bytes
+    "10.own_pad_share": (4390.0 * 0.578, "real tokens/s = tokens/s x \\(1 - padding share\\)"),  # the padding's
 }
 CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel",
-        "07.shard", "08.lora_forward", "09.measured_order"]
+        "07.shard", "08.lora_forward", "09.measured_order", "10.accumulate"]
 
 
 def own(name):

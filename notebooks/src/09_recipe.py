@@ -119,7 +119,7 @@ axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
 # - **int8 for inference** changes nothing in training and cuts the file to about a quarter.
 #
 # ## 3. The order the measurements suggest
-# Each stage was also run **alone** on the baseline. Ranking the training stages by what each bought alone
+# Each stage also ran **alone** on the baseline. Ranking the training stages by what each bought alone
 # (peak-memory ratio times epoch-time ratio, smallest first) gives another order; a stage that changes nothing on
 # this device (`precision: auto` where it stays fp32) goes after the others, whatever its timing noise, and
 # quantization stays last: it acts on the trained model. The chart above shows both orders; each stage alone:

@@ -6,6 +6,7 @@ from ..exercises import Exercises
 from .batch_size import exercises as batch_size
 from .distributed import exercises as distributed
 from .freezing import exercises as freezing
+from .language import exercises as language
 from .lora import exercises as lora
 from .memory_savers import exercises as memory_savers
 from .mixed_precision import exercises as mixed_precision
@@ -19,6 +20,7 @@ NOTEBOOKS = {
     "00_start_here": start_here, "01_mixed_precision": mixed_precision, "02_batch_size": batch_size,
     "03_memory_savers": memory_savers, "04_pruning": pruning, "05_freezing": freezing,
     "06_quantization": quantization, "07_distributed": distributed, "08_lora": lora, "09_recipe": recipe,
+    "10_language_models": language,
 }
 
 
