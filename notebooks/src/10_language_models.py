@@ -105,9 +105,9 @@ assert (attention.extra_bytes > 0).all() and 1.6 < lab.growth_exponent(attention
 
 # %% [markdown]
 # The extra memory grows with $L^2$. It can stay below the probabilities' count: memory peaks during the backward
-# pass, and the layers already back-propagated have freed theirs by then. At a few thousand tokens the $L^2$ term dominates a step's memory: SDPA, with
-# FlashAttention on a GPU, is the first switch to turn on, and transformers uses it by default
-# (`attn_implementation="sdpa"`).
+# pass, and the layers already back-propagated have freed theirs by then. At a few thousand tokens the $L^2$ term
+# dominates a step's memory: SDPA, with FlashAttention on a GPU, is the first switch to turn on, and transformers
+# uses it by default (`attn_implementation="sdpa"`).
 #
 # ## 4. Padding against packing
 # Text comes in uneven lengths. **Padding** makes a batch rectangular with pad tokens the model still computes;
