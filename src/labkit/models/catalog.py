@@ -197,7 +197,8 @@ def build(name: str, num_classes: int, pretrained: bool = True) -> tuple[nn.Modu
     if name in SHIPPED_CHECKPOINTS:
         fixes.append(f"create one with `labkit pretrain {name}`")
     else:
-        fixes.append(f"offline, use a model labkit ships weights for ({', '.join(SHIPPED_CHECKPOINTS)})")
+        vision = [n for n in SHIPPED_CHECKPOINTS if n not in LANGUAGE_MODELS]
+        fixes.append(f"offline, use a model labkit ships weights for ({', '.join(vision)})")
     fixes = ", or ".join(fixes)
     warning = (f"NO PRETRAINED WEIGHTS for {name}: {'; and '.join(reasons)}. Fine-tuning will start "
                f"from RANDOM weights, so expect lower accuracy and slower progress than from a pretrained "
