@@ -297,6 +297,12 @@ display.table(ladder.frame, ["rung", "real_tokens_per_s", "pad_fraction", "peak_
 assert ladder.frame.error.isna().all() and (ladder.frame.real_tokens_per_s > 0).all()
 
 # %% [markdown]
+# Published figures for scale, from fused Triton kernels and from `torch.compile` on GPUs (not measured here):
+
+# %%
+display.table(labkit.results.published("10_language_models-*", "09_recipe-compile*"))
+
+# %% [markdown]
 # On a GPU the early rungs (precision, SDPA, packing) usually matter most; on a CPU without native bf16 the
 # precision rung changes nothing, and compile and fused kernels matter less. Your turn: choose the settings and
 # press **Run**; each run adds bars next to the earlier ones.

@@ -120,6 +120,7 @@ METRICS: dict[str, Metric] = {
     "training_vram_gb": _m("GPU memory in training", "GB"),
     "speedup_vs_dense": _m("speed-up over dense", "x"),
     "speedup_vs_eager": _m("speed-up over eager", "x"),
+    "speedup_vs_baseline": _m("speed-up over the setup's baseline", "x"),
     "int8_compute_speedup_vs_fp32": _m("int8 compute speed-up over fp32", "x"),
     "scaling_efficiency": _m("scaling efficiency", "%", 100.0),
     "time_ratio": _m("time, with / without", "x"),
