@@ -23,6 +23,8 @@
 # pay off most on a GPU, and each finding calls a time difference real only outside the spread it measured.
 
 # %%
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 
@@ -179,8 +181,8 @@ assert grads["old_error"] > 0.01 and grads["labkit_error"] < 1e-5 and grads["you
 #
 # ## 6. Logits and chunked cross-entropy
 # The logits are rows x length x vocabulary values, upcast to float32 for the loss, and their gradient is as
-# large. At 4 x 512 tokens and Llama 2's 32,000-token vocabulary that is 250 MiB, more than a 50M-parameter
-# model's weights:
+# large. The table computes them for 4 x 512 tokens and a few vocabularies (Llama 2's has 32,000 tokens, Llama 3's
+# 128,256): compare them with the weights of the model that produces them.
 
 # %%
 display.table(lab.logits_sizes(), ["tokenizer", "vocab_size", "logits_bytes", "with_gradient_bytes"])
@@ -273,9 +275,17 @@ assert bool(g.same_tokens.all()) and g.cache_bytes[True] == g.formula_cache_byte
 assert (gqa.bytes_per_token == gqa.measured_bytes_per_token).all()
 
 # %% [markdown]
-# Without a cache each new token reruns the whole prefix, so the gap widens with the length generated. A 7B
-# Llama 2 (32 layers, 32 KV heads of 128 values, fp16) caches 0.5 MiB per token; Llama 3 8B's 8 KV heads make
-# it 0.125 MiB: that is why long contexts use GQA.
+# Without a cache each new token reruns the whole prefix, so the gap widens with the length generated. The same
+# formula for two published configurations (32 layers, 32 query heads of 128 values, fp16; Llama 2 7B keeps 32 KV
+# heads, Llama 3 8B 8):
+
+# %%
+for name, kv_heads in (("Llama 2 7B", 32), ("Llama 3 8B", 8)):
+    config = SimpleNamespace(num_hidden_layers=32, num_key_value_heads=kv_heads, head_dim=128)
+    print(f"{name}: {lab.cache_bytes_per_token(config, bytes_per_value=2) / 2**20:.3g} MiB per token")
+
+# %% [markdown]
+# At thousands of tokens per sequence that is gigabytes per sequence: that is why long contexts use GQA.
 #
 # ## 9. The speed ladder
 # One configuration, one change per rung: precision (`auto`: bf16 where native, fp16 on a T4, fp32 on a CPU

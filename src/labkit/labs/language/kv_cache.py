@@ -12,7 +12,7 @@ import torch
 
 from ... import measure
 from ...display import number
-from ...env import profile
+from ...env import profile, resolve_device
 from ...messages import worded
 from ...models.language import LANGUAGE_MODELS, build_llama, transformers_module
 from ...units import mib
@@ -84,10 +84,12 @@ def generation_speed(model_name: str = "tiny_llama", prompt_len: int = 32, new_t
     new_tokens = (32 if prof.name == "ci" else 96) if new_tokens is None else new_tokens
     repeats = min(prof.repeats, 8) if repeats is None else repeats
     torch.manual_seed(seed)
-    model = build_llama(model_name, vocab_size=2048).eval()
-    prompt = torch.randint(3, 2048, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    device = resolve_device("auto")  # the GPU where there is one: generation is timed where a learner runs it
+    model = build_llama(model_name, vocab_size=2048).eval().to(device)
+    prompt = torch.randint(3, 2048, (1, prompt_len), generator=torch.Generator().manual_seed(seed)).to(device)
+    # the first generation of each kind is the warm-up (untimed); the timer synchronises a GPU before reading
     outputs = {flag: generate_greedy(model, prompt, new_tokens, use_cache=flag) for flag in (True, False)}
-    timers = {flag: measure.StepTimer(torch.device("cpu")) for flag in outputs}
+    timers = {flag: measure.StepTimer(device) for flag in outputs}
     for _ in range(repeats):
         for flag, timer in timers.items():
             timer.start()

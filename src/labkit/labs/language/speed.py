@@ -10,7 +10,7 @@ import torch
 from ... import measure
 from ...config import RunConfig
 from ...display import number
-from ...env import profile
+from ...env import profile, resolve_device
 from ...messages import worded
 from ...models.language import build_llama
 from ...results import cached_fit
@@ -132,17 +132,19 @@ def optimizer_kernels(model_name: str | None = None, impls=OPTIMIZER_IMPLS, repe
     model_name = model_name or _model_name()
     repeats = 2 * profile().repeats if repeats is None else repeats
     torch.manual_seed(seed)
+    device = resolve_device("auto")  # the GPU where there is one: the kernels differ most there
     reference = build_llama(model_name, vocab_size=2048)
     optimizers, timers = {}, {}
     for impl in impls:
         model = build_llama(model_name, vocab_size=2048)
         model.load_state_dict(reference.state_dict())
+        model.to(device)
         g = torch.Generator().manual_seed(seed)
         for p in model.parameters():
-            p.grad = torch.randn(p.shape, generator=g) * 1e-3
+            p.grad = (torch.randn(p.shape, generator=g) * 1e-3).to(device)
         optimizers[impl] = build_optimizer(model, "adamw", lr=1e-4, impl=impl)
         optimizers[impl].step()  # creates exp_avg and exp_avg_sq: not what the timed steps measure
-        timers[impl] = measure.StepTimer(torch.device("cpu"))
+        timers[impl] = measure.StepTimer(device)  # CUDA events, read after a synchronise
     for _ in range(repeats):
         for impl, optimizer in optimizers.items():
             timers[impl].start()
