@@ -31,7 +31,7 @@ from .techniques.freezing import freeze
 from .techniques.lora import add_lora, lora_layers
 from .techniques.optimizers import build_optimizer, warmup_lr
 from .techniques.precision import autocast, grad_scaler, resolve_precision
-from .train_lm import accumulate_tokens, checkpoint_layers, compile_layers, step_flops_extra
+from .train_lm import accumulate_tokens, checkpoint_layers, compile_layers, step_flops_extra, text_splits
 
 PROFILING_STEPS = 2  # one FLOP-counting step, one memory-tracking step
 CHECK_LOSS_EVERY = 10  # reading the loss synchronises the GPU, so check it every few steps, not every step
@@ -42,11 +42,6 @@ def _splits(name: str, train_size: int, val_size: int, test_size: int) -> dict:
     # Data is generated/loaded with a fixed seed so that runs with different seeds see the same data;
     # cfg.seed changes initialisation of new layers and the order of batches.
     return data.load_splits(name, train_size=train_size, val_size=val_size, test_size=test_size, seed=0)
-
-
-@functools.lru_cache(maxsize=4)
-def _text_splits(name: str, train_size: int, val_size: int, test_size: int, seq_len: int) -> dict:
-    return text.load_text_splits(name, train_size, val_size, test_size, seq_len, seed=0)
 
 
 def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = True) -> dict:
@@ -72,7 +67,8 @@ def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = Tru
         raise ConfigError("batch_size", cfg.batch_size, f"at most train_size={train_size} (the training set's size)")
     if models.is_language_model(cfg.model):
         seq_len = text.resolve_seq_len(cfg.dataset, cfg.seq_len)
-        return _text_splits(cfg.dataset, train_size, val_size, test_size, seq_len)
+        hub_model = cfg.model if cfg.model in models.HUB_MODELS and cfg.pretrained else None
+        return text_splits(cfg.dataset, train_size, val_size, test_size, seq_len, hub_model)
     return _splits(cfg.dataset, train_size, prof.val_size, prof.test_size)
 
 
@@ -190,8 +186,9 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         if model is None and self.language:
-            model, self.weights = models.build_language_model(cfg.model, self.train_split.tokenizer.vocab_size,
-                                                              cfg.pretrained, cfg.attn_implementation)
+            tokenizer = self.train_split.tokenizer
+            model, self.weights = models.build_language_model(cfg.model, tokenizer.vocab_size, cfg.pretrained,
+                                                              cfg.attn_implementation, tokenizer)
         elif model is None:
             model, self.weights = models.build(cfg.model, self.train_split.num_classes, pretrained=cfg.pretrained)
         else:

@@ -6,10 +6,13 @@ vision run does not, each step delegated to its technique.
   cannot compile;
 - `accumulate_tokens`: one step's micro-batches, each loss the summed token loss over the step's total label tokens
   (`techniques.token_loss`), optionally the output layer and loss in slices (`techniques.chunked_loss`);
-- `step_flops_extra`: the attention FLOPs torch's FLOP counter misses on a CPU.
+- `step_flops_extra`: the attention FLOPs torch's FLOP counter misses on a CPU;
+- `text_splits`: the dataset's splits, tokenized by a hub model's own tokenizer where its weights need it.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -84,3 +87,17 @@ def accumulate_tokens(model: torch.nn.Module, batch: text.TokenBatch, cfg: RunCo
 def step_flops_extra(model: torch.nn.Module, batch: text.TokenBatch, device) -> int:
     """FLOPs of one training step on ``batch`` that torch's FLOP counter misses (the CPU SDPA kernel's)."""
     return models.uncounted_attention_flops(models.unwrap(model), *batch.input_ids.shape, device)
+
+
+@functools.lru_cache(maxsize=4)
+def text_splits(name: str, train_size: int, val_size: int, test_size: int, seq_len: int,
+                 hub_model: str | None = None) -> dict:
+    """A language-model dataset's splits, loaded once per session and size; for a hub model (``hub_model``, when its
+    pretrained weights are asked for) pydoc_text is tokenized by its own tokenizer, which the weights need. Offline, or
+    when that download fails, labkit's BPE instead (the model then starts from random weights, and says so)."""
+    tokenizer = None
+    if hub_model is not None and name == "pydoc_text":
+        tokenizer, why = models.hub_tokenizer(hub_model)
+        if tokenizer is None and models.is_online():
+            note(f"pydoc_text is tokenized by labkit's BPE: {why}")
+    return text.load_text_splits(name, train_size, val_size, test_size, seq_len, seed=0, tokenizer=tokenizer)

@@ -8,7 +8,8 @@ Where the starting weights come from, in order (`build` reports which in `Weight
 
 The classification head is always new: it is sized for, and trained on, the fine-tuning classes.
 One module each: `catalog` (names, weights, stages), `architectures` (labkit's own models), `checkpoints`,
-`language` (the Llama language models, `build_language_model`; transformers imported only when one is built).
+`language` (the Llama language models, `build_language_model`; transformers imported only when one is built),
+`hub` (hub models by name with their architectures; downloaded weights online, config-built offline).
 """
 
 from ..env import is_online  # whether weights can be downloaded: part of this module's API
@@ -32,6 +33,7 @@ from .checkpoints import (
     checkpoint_dir,
     load_checkpoint,
 )
+from .hub import HUB_MODELS, DecoderShape, HubModel, build_hub_model, hub_config, hub_models, hub_tokenizer
 from .language import (
     LANGUAGE_MODELS,
     is_language_model,
@@ -43,6 +45,7 @@ from .language import (
 __all__ = ["Attention", "CHECKPOINT_DIR_ENV", "MANIFEST_NAME", "PatchEmbed", "SHIPPED_CHECKPOINTS", "SmallCNN",
            "TinyViT", "TokenMean", "TransformerBlock", "WeightsInfo", "available", "block_names", "build",
            "build_language_model", "LANGUAGE_MODELS", "is_language_model", "language_models", "max_positions",
-           "uncounted_attention_flops",
+           "uncounted_attention_flops", "HUB_MODELS", "DecoderShape", "HubModel", "build_hub_model", "hub_config",
+           "hub_models", "hub_tokenizer",
            "checkpoint_dir", "forward_head", "has_batchnorm", "is_online", "load_checkpoint", "named_stages",
            "save_checkpoint", "unwrap"]

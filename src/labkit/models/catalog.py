@@ -21,7 +21,8 @@ from .checkpoints import (
     load_checkpoint,
     write_checkpoint,
 )
-from .language import LANGUAGE_MODELS, build_llama, language_stages
+from .hub import HUB_MODELS, build_hub_model
+from .language import LANGUAGE_MODELS, build_llama, is_language_model, language_stages
 
 _VOCAB_KEYS = ("model.embed_tokens.weight", "lm_head.weight")  # a Llama's vocabulary-sized weights
 
@@ -78,23 +79,29 @@ def _construct(name: str, num_classes: int) -> nn.Module:
     return model
 
 
-def build_language_model(name: str, vocab_size: int, pretrained: bool = True,
-                         attn_implementation: str = "sdpa") -> tuple[nn.Module, WeightsInfo]:
-    """Build language model ``name`` (`labkit.models.language`) for ``vocab_size`` tokens, with where its weights
-    came from.
+def build_language_model(name: str, vocab_size: int, pretrained: bool = True, attn_implementation: str = "sdpa",
+                         tokenizer=None) -> tuple[nn.Module, WeightsInfo]:
+    """Build language model ``name`` (`labkit.models.language`, `labkit.models.hub`) for ``vocab_size`` tokens, with
+    where its weights came from.
 
     Args:
         name: one of `labkit.models.language_models()`.
-        vocab_size: the tokenizer's vocabulary size (``<pad>`` is id 0).
+        vocab_size: the tokenizer's vocabulary size (``<pad>`` is id 0); a hub model keeps its own, which must hold it.
         pretrained: True loads labkit's checkpoint (`labkit pretrain`: ``tiny_llama`` pretrained on ``digits_source``;
-            with another vocabulary its embeddings and output layer start new), else random weights with a warning.
+            with another vocabulary its embeddings and output layer start new) or a hub model's weights (online, on
+            data its own tokenizer made), else random weights with a warning.
         attn_implementation: ``sdpa`` or ``eager``.
+        tokenizer: what tokenized the data (a hub model's weights load only with its own tokenizer).
 
     Example:
         >>> model, weights = build_language_model("tiny_llama", vocab_size=16, pretrained=False)
     """
     if not isinstance(pretrained, bool):
         raise ConfigError("pretrained", pretrained, "True or False")
+    if name in HUB_MODELS:
+        model, source, warning = build_hub_model(name, vocab_size, getattr(tokenizer, "name", None), pretrained,
+                                                 attn_implementation)
+        return model, WeightsInfo(source, warning)
     model = build_llama(name, vocab_size, attn_implementation)
     if not pretrained:
         return model, WeightsInfo("random")
@@ -236,8 +243,8 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 
 def _family(model: nn.Module) -> str | None:
-    if getattr(model, "labkit_name", None) in LANGUAGE_MODELS:
-        return "llama"
+    if is_language_model(getattr(model, "labkit_name", None)):
+        return "llama"  # labkit's Llamas and the hub models (Llama, Qwen2) share the stage layout
     family = _FAMILIES.get(getattr(model, "labkit_name", None))
     if family is not None:
         return family
@@ -363,6 +370,6 @@ def save_checkpoint(model: nn.Module, name: str, meta: dict) -> Path:
         >>> save_checkpoint(model, "small_cnn", {"task": "shapes_source", "val_accuracy": 0.97})
     """
     m = unwrap(model)
-    head = set() if getattr(m, "labkit_name", None) in LANGUAGE_MODELS else _head_keys(m)
+    head = set() if is_language_model(getattr(m, "labkit_name", None)) else _head_keys(m)
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in m.state_dict().items() if k not in head}
     return write_checkpoint(state, name, meta)

@@ -13,16 +13,16 @@ freezing: ``embed`` (token embeddings), ``layer0`` ... (the decoder layers), ``h
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..choices import ATTN_IMPLEMENTATIONS, check_choice
-from ..errors import ConfigError, UnsupportedError
+from ..errors import ConfigError
 from ..text import BOS_ID, EOS_ID, PAD_ID
 from ..validate import is_int
+from .hub import HUB_MODELS, transformers_module
 
 
 @dataclass(frozen=True)
@@ -43,33 +43,25 @@ LANGUAGE_MODELS = {
 
 
 def language_models() -> list[str]:
-    """The language-model names `build_language_model` accepts.
+    """The language-model names `build_language_model` accepts: labkit's own, then the hub models (`hub_models`).
 
     Example:
         >>> labkit.models.language_models()
-        ['tiny_llama', 'tiny_llama_10m']
+        ['tiny_llama', 'tiny_llama_10m', 'smollm2_135m', 'qwen2.5_0.5b', 'qwen2.5_1.5b']
     """
-    return list(LANGUAGE_MODELS)
+    return [*LANGUAGE_MODELS, *HUB_MODELS]
 
 
 def is_language_model(name) -> bool:
-    return name in LANGUAGE_MODELS
+    return name in LANGUAGE_MODELS or name in HUB_MODELS
 
 
 def max_positions(name: str) -> int:
     """The longest sequence model ``name`` takes (its ``max_position_embeddings``)."""
-    check_choice("model", name, LANGUAGE_MODELS)
+    check_choice("model", name, language_models())
+    if name in HUB_MODELS:
+        return HUB_MODELS[name].shape.max_position_embeddings
     return LANGUAGE_MODELS[name].max_position_embeddings
-
-
-def transformers_module(name: str = "tiny_llama"):
-    """Import transformers, or raise `UnsupportedError` naming model ``name`` and saying how to install it."""
-    try:
-        return importlib.import_module("transformers")
-    except ImportError as exc:
-        raise UnsupportedError("model", name, f"transformers is not installed ({exc})",
-                               "the vision models; `pip install 'labkit-finetune[lm]'` adds the language models") \
-            from exc
 
 
 def build_llama(name: str, vocab_size: int, attn_implementation: str = "sdpa") -> nn.Module:

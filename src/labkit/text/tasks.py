@@ -128,7 +128,7 @@ class TokenData:
 
 
 def load_text_splits(name: str, train_size: int, val_size: int, test_size: int, seq_len: int,
-                     seed: int = 0) -> dict[str, TokenData]:
+                     seed: int = 0, tokenizer=None) -> dict[str, TokenData]:
     """Load the ``train``, ``val`` and ``test`` splits of language-model dataset ``name``; they share no example.
 
     Args:
@@ -138,6 +138,8 @@ def load_text_splits(name: str, train_size: int, val_size: int, test_size: int, 
         test_size: examples in the test split.
         seq_len: the most tokens per example: the digit tasks refuse less than their longest, pydoc_text truncates.
         seed: which examples (digit tasks) or which permutation of the paragraphs (pydoc_text).
+        tokenizer: pydoc_text's tokenizer (None: labkit's BPE), e.g. a hub model's own (`HubTokenizer`); the digit
+            tasks always use their characters.
 
     Example:
         >>> splits = labkit.text.load_text_splits("pydoc_text", 512, 128, 256, seq_len=256)
@@ -156,7 +158,7 @@ def load_text_splits(name: str, train_size: int, val_size: int, test_size: int, 
         raise ConfigError("seq_len", seq_len, "an integer >= 2 (tokens per example, <bos> and <eos> included)")
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([zlib.crc32(name.encode()), seed])))
     if name == "pydoc_text":
-        return _pydoc_splits(sizes, seq_len, rng)
+        return _pydoc_splits(sizes, seq_len, rng, tokenizer or pydoc_bpe())
     return _digit_splits(name, sizes, seq_len, rng)
 
 
@@ -185,18 +187,19 @@ def _digit_splits(name: str, sizes: dict, seq_len: int, rng: np.random.Generator
     return {split: splits[split] for split in SPLITS}
 
 
-def _pydoc_splits(sizes: dict, seq_len: int, rng: np.random.Generator) -> dict[str, TokenData]:
+def _pydoc_splits(sizes: dict, seq_len: int, rng: np.random.Generator, tok) -> dict[str, TokenData]:
     documents = pydoc_documents()
     if sum(sizes.values()) > len(documents):
         raise ConfigError("train_size", sizes["train"],
                           f"at most {len(documents) - sizes['val'] - sizes['test']} for pydoc_text with "
                           f"val_size={sizes['val']} and test_size={sizes['test']} (it has {len(documents)} paragraphs)")
-    tok, order = pydoc_bpe(), rng.permutation(len(documents))
+    order = rng.permutation(len(documents))
+    start_ids = [] if tok.bos_id is None else [tok.bos_id]  # Qwen2.5's tokenizer has no start token
     splits, start = {}, 0
     for split, size in sizes.items():
         input_ids, labels, num_truncated = [], [], 0
         for index in order[start:start + size]:
-            ids = [BOS_ID, *tok.encode(documents[index]), EOS_ID]
+            ids = [*start_ids, *tok.encode(documents[index]), tok.eos_id]
             num_truncated += len(ids) > seq_len
             ids = torch.tensor(ids[:seq_len], dtype=torch.int64)
             input_ids.append(ids)

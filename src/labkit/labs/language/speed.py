@@ -12,7 +12,7 @@ from ...config import RunConfig
 from ...display import number
 from ...env import profile, resolve_device
 from ...messages import worded
-from ...models.language import build_llama
+from ...models import build_language_model
 from ...results import cached_fit
 from ...techniques.optimizers import build_optimizer
 from ...train import PROFILING_STEPS
@@ -22,13 +22,19 @@ OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 _ORDER_WORDS = {None: "no timing spread measured", 0: "within the noise", 1: "slower", -1: "faster"}
 
 
+# The profile picks the workload (DESIGN.md): the shipped tiny model at ci, a 10M one at quick, a hub model's
+# architecture at full (SmolLM2-135M: busy enough on a T4 for the switches to show).
+_MODELS = {"ci": "tiny_llama", "quick": "tiny_llama_10m", "full": "smollm2_135m"}
+
+
 def _model_name() -> str:
-    return "tiny_llama" if profile().name == "ci" else "tiny_llama_10m"
+    return _MODELS[profile().name]
 
 
 def speed_config(**fields) -> RunConfig:
-    """The section's run: a random-weight Llama (``tiny_llama`` at ``ci``, ``tiny_llama_10m`` otherwise) on
-    pydoc_text, packed rows at the dataset's default length, the profile's timed steps (at most 6), no evaluation.
+    """The section's run: a random-weight Llama (``tiny_llama`` at ``ci``, ``tiny_llama_10m`` at ``quick``,
+    SmolLM2-135M's architecture at ``full``) on pydoc_text, packed rows at the dataset's default length, the
+    profile's timed steps (at most 6), no evaluation.
 
     Args:
         fields: any `RunConfig` field, e.g. ``checkpointing=True`` or ``compile=True``.
@@ -118,7 +124,7 @@ def optimizer_kernels(model_name: str | None = None, impls=OPTIMIZER_IMPLS, repe
     round), after one untimed step each (it creates the state).
 
     Args:
-        model_name: the Llama whose parameters to step (None: ``tiny_llama`` at ``ci``, ``tiny_llama_10m`` otherwise).
+        model_name: the Llama whose parameters to step (None: the profile's, as in `speed_config`).
         impls: kernels, from `OPTIMIZER_IMPLS`; the first is the reference. repeats: timed rounds (None: 2 x the
             profile's repeats). seed: weights and gradients.
 
@@ -133,10 +139,10 @@ def optimizer_kernels(model_name: str | None = None, impls=OPTIMIZER_IMPLS, repe
     repeats = 2 * profile().repeats if repeats is None else repeats
     torch.manual_seed(seed)
     device = resolve_device("auto")  # the GPU where there is one: the kernels differ most there
-    reference = build_llama(model_name, vocab_size=2048)
+    reference = build_language_model(model_name, vocab_size=2048, pretrained=False)[0]
     optimizers, timers = {}, {}
     for impl in impls:
-        model = build_llama(model_name, vocab_size=2048)
+        model = build_language_model(model_name, vocab_size=2048, pretrained=False)[0]
         model.load_state_dict(reference.state_dict())
         model.to(device)
         g = torch.Generator().manual_seed(seed)
