@@ -125,6 +125,7 @@ METRICS: dict[str, Metric] = {
     "scaling_efficiency": _m("scaling efficiency", "%", 100.0),
     "time_ratio": _m("time, with / without", "x"),
     "memory_ratio": _m("peak memory, with / without", "x"),
+    "loss_matches_full_batch": _m("accumulated loss matches one large batch"),
     "size_ratio": _m("model size, with / without", "x"),
     "accuracy_change": _m("accuracy change", "points", 100.0),
     # language models (notebook 10)
