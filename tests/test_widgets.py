@@ -284,3 +284,26 @@ def test_a_panel_shows_the_chart_its_run_drew_even_if_pyplot_lost_it(monkeypatch
 
     pixels = np.asarray(PILImage.open(io.BytesIO(shown[0].data)).convert("L"))
     assert (pixels < 200).mean() > 0.01  # the bars, not a blank canvas
+
+
+def test_a_language_model_run_is_summarised_in_tokens_not_samples(capsys):
+    # A panel's summary line gives samples/s for image runs; a language-model run is read in tokens/s, and in
+    # real tokens/s when its batches hold padding (the padding's share said beside it).
+    from labkit import views
+    from labkit.result import RunResult
+
+    lm = dict(config={"model": "tiny_llama", "dataset": "tiny_stories"}, steps=6, timed_steps=4,
+              step_time_s=0.05, step_time_p10_s=0.05, step_time_p90_s=0.05, throughput=160.0,
+              peak_memory_bytes=2**20, model_size_bytes=2**20, num_params=10, num_trainable_params=10,
+              losses=[3.0, 2.9], tokens_per_s=10240.0)
+    runs = iter([RunResult(**lm, real_tokens_per_s=7680.0, pad_fraction=0.25),
+                 RunResult(**lm, real_tokens_per_s=10240.0, pad_fraction=0.0)])
+    panel = ExperimentPanel(lambda cfg: next(runs), {"batch_size": [8, 16]}, show=views.History(("tokens_per_s",)))
+    panel.click()
+    padded = " ".join(capsys.readouterr().out.split())  # the summary is wrapped to the output area's width
+    panel.click()
+    packed = " ".join(capsys.readouterr().out.split())
+    assert panel.last_error is None
+    assert "Throughput: 7,680 real tokens/s (10,240 tokens/s counting the 25% padding)." in padded
+    assert "Throughput: 10,240 tokens/s." in packed
+    assert "samples/s" not in padded + packed

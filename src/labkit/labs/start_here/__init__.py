@@ -92,7 +92,7 @@ def headline(res: RunResult) -> str:
     text = [
         f"Step time: median {res.step_time_s * 1e3:.2f} ms (10-90%: {res.step_time_p10_s * 1e3:.2f}-"
         f"{res.step_time_p90_s * 1e3:.2f} ms) over {res.timed_steps} timed steps; {untimed} warm-up and "
-        f"profiling steps were not timed. Throughput: {res.throughput:.0f} samples/s.",
+        f"profiling steps were not timed. Throughput: {_throughput(res)}.",
         f"Peak memory: {mib(res.peak_memory_bytes)} "
         + ("(max_memory_allocated over the timed steps)." if res.reserved_memory_bytes is not None
            else "(live tensors counted exactly by labkit's tracker: the CPU has no caching allocator)."),
@@ -109,6 +109,16 @@ def headline(res: RunResult) -> str:
             flops += f"; no datasheet peak is known for this device at {dtype}, so no utilisation is computed."
         text.append(flops)
     return "\n".join(text)
+
+
+def _throughput(res: RunResult) -> str:
+    """Samples/s, or for a language model tokens/s: real (not padding) tokens/s when its batches hold padding."""
+    if res.tokens_per_s is None:
+        return f"{res.throughput:.0f} samples/s"
+    if res.pad_fraction and res.real_tokens_per_s is not None:
+        return (f"{res.real_tokens_per_s:,.0f} real tokens/s ({res.tokens_per_s:,.0f} tokens/s counting the "
+                f"{res.pad_fraction:.0%} padding)")
+    return f"{res.tokens_per_s:,.0f} tokens/s"
 
 
 @worded
