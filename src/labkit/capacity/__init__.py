@@ -10,7 +10,10 @@ and the largest batch within a budget.
   (or, on a GPU without a budget, does not run out of memory), with the back-off of
   `labkit.techniques.oom_backoff`.
 
-One module each: `accounting`, `steps`, `search`, `estimate`.
+- `lm_training_memory`: a language model's fine-tuning memory by formula (full, LoRA, QLoRA; activations per decoder
+  layer, logits), for the hub models and labkit's Llamas.
+
+One module each: `accounting`, `steps`, `search`, `estimate`, `lm_memory`.
 """
 
 from .accounting import COMPONENTS, WEIGHT_BYTES, model_training_memory, training_memory
@@ -24,9 +27,11 @@ from .estimate import (
     fit_linear_memory,
     memory_model,
 )
+from .lm_memory import METHODS, decoder_shape, lm_training_memory, lora_parameters
 from .search import batch_search, find_max_batch_size
 from .steps import StepMemory, state_bytes, step_memory
 
-__all__ = ["COMPONENTS", "LADDER_MAX", "LADDER_START", "SLOPE_TOLERANCE", "WEIGHT_BYTES", "LinearMemory", "MemoryModel",
+__all__ = ["METHODS", "decoder_shape", "lm_training_memory", "lora_parameters",
+           "COMPONENTS", "LADDER_MAX", "LADDER_START", "SLOPE_TOLERANCE", "WEIGHT_BYTES", "LinearMemory", "MemoryModel",
            "StepMemory", "batch_search", "estimate_memory", "find_max_batch_size", "fit_linear_memory", "memory_model",
            "model_training_memory", "state_bytes", "step_memory", "training_memory"]
