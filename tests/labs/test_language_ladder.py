@@ -1,18 +1,23 @@
 """Notebook 10's speed ladder: each rung adds one change to the one below, every rung runs, the finding compares
 neighbours within their measured spreads."""
 
+import math
+
 import pytest
+import torch
 
 import labkit
 from labkit.errors import ConfigError
-from labkit.labs.language import ladder
+from labkit.labs.language import ladder, speed
+from labkit.techniques.compiling import compile_problem
 
 pytest.importorskip("transformers")
 
 
 def _cfg():
-    return labkit.RunConfig(model="tiny_llama", dataset="pydoc_text", batch_size=8, seq_len=64, max_steps=8,
-                            train_size=128, pretrained=False, evaluate=False, device="cpu")
+    """Notebook 10's ladder (sections 7 and 9): its compiled decoder layer is the one this file compiles, so that
+    Inductor's disk cache holds it when the notebook runs after the unit tests (one cold compile, not two)."""
+    return speed.speed_config(batch_size=8, seq_len=64, device="cpu")
 
 
 def test_each_rung_changes_one_thing():
@@ -25,6 +30,18 @@ def test_each_rung_changes_one_thing():
     assert rows[0]["precision"] == "fp32" and rows[0]["packing"] == "pad_max"
     with pytest.raises(ConfigError, match="cfg.dataset='shapes10'"):
         ladder.ladder_configs(labkit.RunConfig())
+
+
+def test_compile_reports_its_time_apart_from_the_steps():
+    frame = speed.compile_runs(ladder.ladder_configs(_cfg())["+fused AdamW"])
+    off, on = frame.iloc[0], frame.iloc[1]
+    assert off["compile_time_s"] is None or math.isnan(off["compile_time_s"])
+    assert on["step_time_s"] > 0
+    if compile_problem(torch.device("cpu")) is None:
+        assert on["compile_time_s"] > 0
+        assert speed.compile_finding(frame).startswith("Compiled: ")
+    else:
+        assert "NOT COMPILED" in on["warnings"] and speed.compile_finding(frame).startswith("Not compiled here")
 
 
 def test_the_ladder_runs_every_rung_and_words_a_finding():

@@ -1,15 +1,12 @@
 """Notebook 10, sections 5-8: gradient accumulation's two rules, the logits and chunked cross-entropy, checkpointing,
-AdamW's kernels and compile, and the KV cache (random-weight tiny_llama on the CPU)."""
+AdamW's kernels, and the KV cache (random-weight tiny_llama on the CPU). Compile: test_language_ladder.py."""
 
-import math
 
 import pandas as pd
 import pytest
-import torch
 
 from labkit.errors import ConfigError
 from labkit.labs.language import accumulation, kv_cache, logits, speed
-from labkit.techniques.compiling import compile_problem
 
 pytest.importorskip("transformers")
 
@@ -66,18 +63,6 @@ def test_layer_checkpointing_keeps_fewer_activations():
     off, on = frame.iloc[0], frame.iloc[1]
     assert on["activation_bytes"] < 0.7 * off["activation_bytes"]
     assert speed.checkpointing_finding(frame).startswith("Checkpointing every decoder layer: activations")
-
-
-def test_compile_reports_its_time_apart_from_the_steps():
-    frame = speed.compile_runs()
-    off, on = frame.iloc[0], frame.iloc[1]
-    assert off["compile_time_s"] is None or math.isnan(off["compile_time_s"])
-    assert on["step_time_s"] > 0
-    if compile_problem(torch.device("cpu")) is None:
-        assert on["compile_time_s"] > 0
-        assert speed.compile_finding(frame).startswith("Compiled: ")
-    else:
-        assert "NOT COMPILED" in on["warnings"] and speed.compile_finding(frame).startswith("Not compiled here")
 
 
 def test_the_kv_cache_generates_the_same_tokens_and_holds_what_the_formula_says():
