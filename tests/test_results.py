@@ -238,7 +238,7 @@ def test_every_technique_notebook_shows_at_least_two_published_rows():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "notebooks" / "src"
-    for number in range(1, 10):
+    for number in range(1, 11):
         source = next(root.glob(f"{number:02d}_*.py")).read_text()
         calls = re.findall(r"results\.published\(([^)]*)\)", source)
         patterns = [p for call in calls for p in re.findall(r'"([^"]+)"', call)]
