@@ -10,6 +10,7 @@ per notebook section, and one verdict line per finding from their live numbers.
 - `speed` (7): per-layer checkpointing, AdamW's three kernels, torch.compile.
 - `kv_cache` (8): generation with and without the KV cache, its bytes per token, GQA against MHA.
 - `ladder` (9): one config climbed rung by rung.
+- `fits` (10): what fits a T4: full fine-tuning, LoRA and QLoRA memory by formula for 0.1B-7B models.
 
 A difference in time is called real only outside both runs' p10-p90 spreads (`labkit.measure.separated`). The
 mechanisms are in `labkit.techniques` (`token_loss`, `chunked_loss`, `layer_checkpointing`, `compiling`) and
@@ -18,6 +19,7 @@ mechanisms are in `labkit.techniques` (`token_loss`, `chunked_loss`, `layer_chec
 
 from .accumulation import RULES, accumulation_finding, accumulation_gradients, accumulation_losses
 from .attention import IMPLEMENTATIONS, attention_finding, attention_memory, growth_exponent, probabilities_bytes
+from .fits import SETTINGS, SIZES, T4_USABLE_BYTES, t4_finding, t4_table
 from .kv_cache import (
     cache_bytes_per_token,
     cache_tensors_bytes,
@@ -52,5 +54,5 @@ __all__ = [
     "generation_finding", "generation_speed", "gqa_cache_sizes", "gqa_finding", "growth_exponent", "ladder_configs",
     "length_summary", "lm_config", "logits_finding", "logits_sizes", "matmul_parameters", "optimizer_finding",
     "optimizer_kernels", "packing_finding", "packing_runs", "paragraph_lengths", "probabilities_bytes",
-    "speed_config", "speed_ladder", "tokens_finding",
+    "speed_config", "speed_ladder", "tokens_finding", "SETTINGS", "SIZES", "T4_USABLE_BYTES", "t4_finding", "t4_table",
 ]
