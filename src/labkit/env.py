@@ -67,6 +67,9 @@ class Profile:
     batch_sizes: tuple[int, ...]  # the batch sizes notebook 02 sweeps (`labkit.labs.batch_size.batch_sweep`)
     sweep_epochs: int  # epochs of each run in that sweep
     emulated_steps: int  # the most optimizer steps of a run whose precision the device can only emulate
+    # the batch of the CPU inference-latency tables (notebook 06's every method, 08's merge): a float model emulated
+    # in fp16/bf16 takes seconds per call on a CPU without those instructions, and each model is called ten times
+    latency_batch: int = 64
     # the workload of the notebooks' main experiments (`labkit.config.baseline`):
     model: str = "small_cnn"
     dataset: str = "shapes10"
@@ -79,7 +82,7 @@ class Profile:
 
 PROFILES = {
     "ci": Profile("ci", train_size=512, val_size=128, test_size=256, max_steps=16, warmup_steps=1, repeats=5,
-                  batch_sizes=(8, 16, 32, 64), sweep_epochs=1, emulated_steps=16),
+                  batch_sizes=(8, 16, 32, 64), sweep_epochs=1, emulated_steps=8, latency_batch=16),
     "quick": Profile("quick", train_size=4096, val_size=512, test_size=1024, max_steps=160, warmup_steps=3,
                      repeats=20, batch_sizes=(8, 16, 32, 64, 128, 256), sweep_epochs=2, emulated_steps=40),
     # Sized for a T4 from FLOP counts and NVIDIA's published T4 throughput (benchmarks/size_full_workload.py):

@@ -8,7 +8,6 @@ import torch
 import labkit
 from labkit import display, measure
 from labkit.errors import ConfigError
-from labkit.inference import LATENCY_BATCH
 from labkit.labs import quantization as lab
 from labkit.labs.quantization import workload
 from labkit.techniques import quantization
@@ -165,7 +164,8 @@ def test_compare_always_measures_the_fp32_reference(cfgs):
     table = lab.compare({"small_cnn": cfgs["small_cnn"]}, methods=("int8_static",), num_calibration=1,
                         progress=False)
     assert list(table.method) == ["fp32", "int8_static"]
-    assert (table.cpu_batch == LATENCY_BATCH).all() and (table.test_images == labkit.profile("ci").test_size).all()
+    ci = labkit.profile("ci")
+    assert (table.cpu_batch == ci.latency_batch).all() and (table.test_images == ci.test_size).all()
     assert table.size_vs_fp32.iloc[1] < 0.35 and "small_cnn" in str(lab.compare_finding(table))
 
 

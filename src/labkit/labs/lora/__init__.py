@@ -26,7 +26,7 @@ from .base import (
 )
 from .counts import PAPER, copy_adapters, paper_count, peft_comparison, target_table, to_peft
 from .layer import BlogLoRALayer, blog_snippet, blog_snippet_problems
-from .merge import LATENCY_BATCH, merge_comparison, merge_finding
+from .merge import merge_comparison, merge_finding
 from .panel import LoRARun, panel_config, panel_run
 from .qlora import (
     BASE16,
@@ -53,7 +53,7 @@ from .transformer import (
 )
 
 __all__ = [
-    "ALPHA", "ATTENTION", "BASE16", "HUB_MODEL", "LATENCY_BATCH", "LORA_LR", "MERGE_RANK", "NF4", "NF4_BITS",
+    "ALPHA", "ATTENTION", "BASE16", "HUB_MODEL", "LORA_LR", "MERGE_RANK", "NF4", "NF4_BITS",
     "NF4_FLOAT32",
     "PAPER", "QLORA_COLUMNS", "QLORA_STEP_SHARE", "RANKS", "SMALL_VIT", "TARGETS", "TRANSFORMER_STEPS", "VIT",
     "BlogLoRALayer", "LoRARun", "attention_targets", "blog_snippet", "blog_snippet_problems", "copy_adapters",

@@ -14,17 +14,17 @@ import torch
 
 from ... import results
 from ...config import RunConfig
+from ...env import profile
 from ...inference import example_batch, latencies
 from ...messages import worded
 from ...techniques.lora import lora_layers, merge_and_unload
 from .base import MERGE_RANK, fresh_model, lora_config
 
-LATENCY_BATCH = 64
 SETUPS = ("base model (no adapters)", "LoRA, unmerged", "LoRA, merged", "base model, timed again")
 
 
 def merge_comparison(cfg: RunConfig, rank: int = MERGE_RANK, targets="qkv", refresh: bool = False) -> pd.DataFrame:
-    """CPU latency at batch `LATENCY_BATCH` and the largest output difference of `SETUPS` (cached).
+    """CPU latency at the profile's ``latency_batch`` and the largest output difference of `SETUPS` (cached).
 
     Args:
         cfg: the workload. rank, targets: the fine-tuned LoRA model's (`lora_config`, trained by `rank_sweep`).
@@ -43,7 +43,7 @@ def _measure_merge(cfg: RunConfig, lora_cfg: RunConfig) -> pd.DataFrame:
     unmerged = copy.deepcopy(trained).cpu().eval()
     merged = merge_and_unload(copy.deepcopy(unmerged))
     base = fresh_model(cfg, pretrained=True).eval()
-    x = example_batch(cfg, LATENCY_BATCH, device=torch.device("cpu"))
+    x = example_batch(cfg, profile().latency_batch, device=torch.device("cpu"))
     # the base twice, first and last: how far two timings of one model differ here (the machine's noise)
     times = latencies([base, unmerged, merged, copy.deepcopy(base)], x)
     with torch.no_grad():

@@ -21,7 +21,7 @@ from ... import display, measure, results, train
 from ...config import RunConfig
 from ...env import cuda_usable, profile
 from ...errors import ConfigError, UnsupportedError
-from ...inference import LATENCY_BATCH, LATENCY_ROUNDS, example_batch, latencies, model_device
+from ...inference import LATENCY_ROUNDS, example_batch, latencies, model_device
 from ...messages import worded
 from ...techniques import quantization
 from ...techniques.quantization import METHODS
@@ -150,13 +150,14 @@ def _compare_rows(cfgs: dict[str, RunConfig], methods: tuple, num_calibration: i
             gpu = {m: build(model, m, cfg, calibration) for m in methods if m != QAT}
         # On a GPU machine the CPU is a cloud VM's few cores and the model is the profile's large one: time the
         # CPU copies on a smaller batch and fewer calls (the table records the batch).
-        cpu_batch, cpu_prof = latency_batch or LATENCY_BATCH, None
+        cpu_batch, cpu_prof = latency_batch or profile().latency_batch, None
         if gpu:
             cpu_batch = latency_batch or CPU_BATCH_BESIDE_GPU
             cpu_prof = dataclasses.replace(profile(), repeats=2 * LATENCY_ROUNDS, warmup_steps=1)
         test_images = min(len(train.run_splits(cfg, training=False)["test"]), eval_images or EVAL_IMAGES)
         cpu_times, cpu_noise = _timed(cpu, cpu_model, example_batch(cfg, cpu_batch, torch.device("cpu")), cpu_prof)
-        gpu_times, gpu_noise = _timed(gpu, model, example_batch(cfg, LATENCY_BATCH)) if gpu else ({}, math.nan)
+        gpu_x = example_batch(cfg, profile().latency_batch) if gpu else None
+        gpu_times, gpu_noise = _timed(gpu, model, gpu_x) if gpu else ({}, math.nan)
         for m in methods:
             done = gpu[m] if m in gpu and gpu[m].model is not None else cpu[m]
             row = {"model": name, "method": m, "api": METHODS[m].api if m in METHODS else QAT_API,
@@ -180,7 +181,8 @@ def compare(cfgs: dict[str, RunConfig] | None = None, methods=TABLE_METHODS,
     Args:
         cfgs: model name -> fine-tune (default: `workloads`). methods: names from `TABLE_METHODS` (fp32 is added).
         num_calibration: calibration batches for static int8. refresh: measure again.
-        cpu_batch: the CPU latency batch (default: `LATENCY_BATCH`; `CPU_BATCH_BESIDE_GPU` beside a GPU).
+        cpu_batch: the CPU latency batch (default: the profile's ``latency_batch``; `CPU_BATCH_BESIDE_GPU` beside a
+            GPU).
         eval_images: the first test images each accuracy is taken on (default: `EVAL_IMAGES`, at most the split).
 
     Returns:

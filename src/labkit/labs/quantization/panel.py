@@ -9,8 +9,9 @@ import torch
 
 from ... import display, measure
 from ...config import RunConfig
+from ...env import profile
 from ...errors import ConfigError
-from ...inference import LATENCY_BATCH, accuracy, example_batch, latencies
+from ...inference import accuracy, example_batch, latencies
 from ...messages import wrap
 from ...validate import is_int
 from . import workload
@@ -72,7 +73,7 @@ def panel_run(cfg: RunConfig, model: str = VIT, method: str = "int8_dynamic", ca
     built = build(fp32, method, cfg, calibration_batches(cfg, calibration))
     if built.model is None:
         raise ConfigError("method", method, f"a method that runs on this machine's CPU: {built.reason}")
-    x = example_batch(cfg, LATENCY_BATCH, device=torch.device("cpu"))
+    x = example_batch(cfg, profile().latency_batch, device=torch.device("cpu"))
     fp32_s, quant_s = latencies([fp32, built.model], x)
     return QuantRun(config=cfg.to_dict(), model=cfg.model, method=method, calibration_batches=calibration,
                     model_size_bytes=measure.model_size_bytes(built.model),
