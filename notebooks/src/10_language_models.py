@@ -16,7 +16,8 @@
 # 6. the logits' memory and chunked cross-entropy;
 # 7. per-layer checkpointing, fused AdamW and `torch.compile` on a language model;
 # 8. the KV cache at inference, and what grouped-query attention saves;
-# 9. a speed ladder that stacks them, one rung at a time.
+# 9. a speed ladder that stacks them, one rung at a time;
+# 10. what fits a T4: full fine-tuning, LoRA, QLoRA.
 #
 # **What you need:** notebooks 00 (the four numbers), 01 (mixed precision) and 03 (checkpointing). A CPU is fine:
 # tokens, FLOPs and memory are counted exactly. Times on a CPU are this machine's: compile, fused kernels and SDPA
@@ -326,6 +327,27 @@ panel = ExperimentPanel(
     base=lab.speed_config(batch_size=8, seq_len=64),
     show=views.History(("step_time_s", "memory_breakdown", "tokens_per_s")), title="Language-model speed")
 panel
+
+# %% [markdown]
+# ## 10. What fits a T4
+# The same counts by formula for real models (checked against labkit's measured peaks): weights, gradients, AdamW's
+# state, activations, logits. LoRA trains adapters on a frozen 16-bit base; QLoRA stores it in 4 bits.
+# **Predict first:** how many GiB does a 7B model need with QLoRA?
+
+# %%
+guess_qlora_7b_gib = None  # YOUR GUESS: e.g. 10
+
+# %%
+fits = lab.t4_table()  # 512 tokens x 4 rows, fp16, per-layer checkpointing, rank-16 adapters on every linear layer
+print(lab.t4_finding(fits))
+qlora_7b = fits.set_index(["model", "method"]).total_bytes["Mistral-7B", "QLoRA"] / 2**30
+print(guesses.versus(guess_qlora_7b_gib, qlora_7b, "a 7B model's QLoRA memory", " GiB"))
+display.table(fits, ["model", "num_params", "method", "total_bytes", "fits_t4", "fits_your_gpu"])
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: each method needs less than the one before it
+by_model = fits.groupby("model", sort=False).total_bytes
+assert by_model.apply(lambda t: t.is_monotonic_decreasing).all(), "full > LoRA > QLoRA"
 
 # %% [markdown]
 # ## Pitfalls
