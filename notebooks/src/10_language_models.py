@@ -48,10 +48,10 @@ labkit.env_report()
 # %%
 lengths = lab.paragraph_lengths()
 summary = lab.length_summary(lengths)
-display.table(summary, ["tokenization", "median_tokens", "p90_tokens", "max_tokens", "chars_per_token"])
 print(lab.tokens_finding(summary))
 batch = lab.batch_in_tokens()
 print(lab.batch_finding(batch))
+display.table(summary, ["tokenization", "median_tokens", "p90_tokens", "max_tokens", "chars_per_token"])
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the BPE needs fewer tokens than characters; padding counts as tokens
@@ -76,6 +76,7 @@ guess_attention_share = None  # YOUR GUESS: e.g. 0.3
 flops = lab.flops_check()
 print(lab.flops_finding(flops))
 print(guesses.versus(guess_attention_share, flops["attention_share"], "attention's share of the FLOPs"))
+display.table(labkit.results.published("10_language_models-mfu*"))  # MFU as PaLM defined it (not measured here)
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: 6 N + attention equals the FLOP counter's count
@@ -121,6 +122,9 @@ assert (attention.extra_bytes > 0).all() and 1.6 < lab.growth_exponent(attention
 packing = lab.packing_runs()
 print(lab.packing_finding(packing))
 display.table(packing, ["packing", "pad_fraction", "tokens_per_s", "real_tokens_per_s", "step_time_s"])
+
+# %%
+display.table(labkit.results.published("10_language_models-packing*"))  # on A100s, published (not measured here)
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: packing pads least
@@ -172,6 +176,7 @@ grads = lab.accumulation_gradients(accumulate=accumulate)
 losses = lab.accumulation_losses()
 print(lab.accumulation_finding(grads, losses))
 print(guesses.versus(guess_old_error, grads["old_error"], "the old rule's relative gradient error"))
+display.table(labkit.results.published("10_language_models-accumulation*"))  # the 2024 fix in transformers
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the old rule is off; labkit's and yours equal the large batch
@@ -311,7 +316,7 @@ assert ladder.frame.error.isna().all() and (ladder.frame.real_tokens_per_s > 0).
 # Published figures for scale, from fused Triton kernels and from `torch.compile` on GPUs (not measured here):
 
 # %%
-display.table(labkit.results.published("10_language_models-*", "09_recipe-compile*"))
+display.table(labkit.results.published("10_language_models-fused*", "09_recipe-compile*"))
 
 # %% [markdown]
 # On a GPU the early rungs (precision, SDPA, packing) usually matter most; on a CPU without native bf16 the

@@ -3,6 +3,7 @@ path, markdown tables of at most 7 columns, and no "seed" in the sense of the ma
 random seed keeps its ordinary meaning). Tables printed by a run are checked where a learner sees them: in the
 browser test (tests/browser)."""
 
+import ast
 import json
 import re
 import sys
@@ -67,6 +68,32 @@ def test_markdown_tables_have_at_most_7_columns(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_seed_in_the_sense_of_the_labs_starting_material(path):
     assert not legacy_seed(path), f"{path.stem} says {legacy_seed(path)}"
+
+
+def hidden_tables(path: Path) -> list[str]:
+    """``display.table(...)`` statements that are not their cell's last: it returns a styled table, which Jupyter
+    shows only as the cell's value, so any earlier one in the cell is computed and never seen."""
+    from IPython.core.inputtransformer2 import TransformerManager  # magics (%pip, !cmd) as the Python they run
+
+    hidden = []
+    for i, text in enumerate(_cells(path, "code")):
+        body = ast.parse(TransformerManager().transform_cell(text)).body
+        hidden += [f"code cell {i}: {ast.unparse(statement)[:70]}" for statement in body[:-1]
+                   if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)
+                   and ast.unparse(statement.value.func).endswith("display.table")]
+    return hidden
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_table_a_cell_makes_is_shown(path):
+    assert not hidden_tables(path), f"{path.stem}: tables a learner never sees: {hidden_tables(path)}"
+
+
+def test_a_table_before_the_last_statement_is_caught(tmp_path):
+    notebook = tmp_path / "nb.ipynb"
+    cell = {"cell_type": "code", "source": "display.table(a)\nprint(1)", "metadata": {}, "outputs": []}
+    notebook.write_text(json.dumps({"cells": [cell]}))
+    assert hidden_tables(notebook) == ["code cell 0: display.table(a)"]
 
 
 def test_the_measures_see_what_they_measure(tmp_path):
