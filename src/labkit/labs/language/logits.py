@@ -10,7 +10,7 @@ from torch import nn
 
 from ... import measure
 from ...display import number
-from ...env import profile
+from ...env import profile, resolve_device
 from ...errors import ConfigError
 from ...messages import worded
 from ...techniques.chunked_loss import chunked_loss_sum, logits_bytes
@@ -40,7 +40,7 @@ def logits_sizes(rows: int = 4, width: int = 512, vocab_sizes: dict | None = Non
 
 def chunked_loss_peaks(chunk_counts=(2, 4, 8), rows: int = 4, width: int | None = None, hidden_size: int = 128,
                        vocab_size: int = 2048, repeats: int | None = None, seed: int = 0,
-                       loss_fn=chunked_loss_sum) -> pd.DataFrame:
+                       loss_fn=chunked_loss_sum, device=None) -> pd.DataFrame:
     """Peak memory and time of output layer + loss + backward: one cross-entropy, then ``chunked_loss_sum``.
 
     A bias-free ``nn.Linear(hidden_size, vocab_size)`` head on random final hidden states (what a model's body
@@ -51,6 +51,8 @@ def chunked_loss_peaks(chunk_counts=(2, 4, 8), rows: int = 4, width: int | None 
         rows, width: the batch (``width`` None: 128 at ``ci``, 512 otherwise). hidden_size, vocab_size: the head.
         repeats: timed passes of each, interleaved (None: the profile's). seed: for the head and the data.
         loss_fn: the chunked loss, ``loss_fn(hidden, head, labels, chunks)`` (a learner's own, or labkit's).
+        device: where to measure (None: the learner's, a GPU when there is one; the tracker counts that device's
+            tensors, the timer synchronises it).
 
     Returns:
         A frame: ``chunks`` (1: one cross-entropy, no checkpoint), ``logits_bytes``, ``peak_memory_bytes``,
@@ -66,11 +68,12 @@ def chunked_loss_peaks(chunk_counts=(2, 4, 8), rows: int = 4, width: int | None 
     repeats = prof.repeats if repeats is None else repeats
     if any(not isinstance(c, int) or c < 2 for c in chunk_counts):
         raise ConfigError("chunk_counts", chunk_counts, "integers >= 2 (1 chunk, one cross-entropy, is the baseline)")
-    g = torch.Generator().manual_seed(seed)
+    device = resolve_device("auto" if device is None else device)
+    g = torch.Generator().manual_seed(seed)  # on the CPU: the same numbers on every device
     torch.manual_seed(seed)
-    head = nn.Linear(hidden_size, vocab_size, bias=False)
-    hidden = torch.randn(rows, width, hidden_size, generator=g).requires_grad_(True)
-    labels = torch.randint(0, vocab_size, (rows, width), generator=g)
+    head = nn.Linear(hidden_size, vocab_size, bias=False).to(device)
+    hidden = torch.randn(rows, width, hidden_size, generator=g).to(device).requires_grad_(True)
+    labels = torch.randint(0, vocab_size, (rows, width), generator=g).to(device)
     chunked = loss_fn  # the loop below rebinds the name loss_fn
     variants = {1: lambda: token_loss_sum(head(hidden), labels)}
     variants.update({c: (lambda c=c: chunked(hidden, head, labels, c)) for c in chunk_counts})
@@ -85,7 +88,7 @@ def chunked_loss_peaks(chunk_counts=(2, 4, 8), rows: int = 4, width: int | None 
     records, reference, holder = [], None, {}
     for chunks, loss_fn in variants.items():
         breakdown = measure.track_step_memory(lambda loss_fn=loss_fn: holder.update(loss=run(loss_fn)), head,
-                                              optimizer, "cpu")
+                                              optimizer, device)
         got = (holder.pop("loss"), hidden.grad.clone(), head.weight.grad.clone())
         reference = reference or got
         records.append({"chunks": chunks, "logits_bytes": logits_bytes(rows, width, vocab_size),
