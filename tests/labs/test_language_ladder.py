@@ -32,6 +32,23 @@ def test_each_rung_changes_one_thing():
         ladder.ladder_configs(labkit.RunConfig())
 
 
+def test_a_precision_rung_that_resolves_to_fp32_is_the_baseline_run_and_says_so():
+    with labkit.machine.described("cpu_avx2"):  # auto: fp32 where bf16 would be emulated
+        configs = ladder.ladder_configs(_cfg())
+    assert configs["+precision"] == configs["baseline"]
+    with labkit.machine.described("cpu_bf16"):
+        assert ladder.ladder_configs(_cfg())["+precision"].precision == "bf16"
+    import pandas as pd
+
+    rows = [{"rung": "baseline", "real_tokens_per_s": 100.0, "peak_memory_bytes": 2**20, "error": None,
+             "time_per_real_token_p10_s": 0.010, "time_per_real_token_p90_s": 0.011, "same_run_as_below": False,
+             "precision_used": "fp32"},
+            {"rung": "+precision", "real_tokens_per_s": 100.0, "peak_memory_bytes": 2**20, "error": None,
+             "time_per_real_token_p10_s": 0.010, "time_per_real_token_p90_s": 0.011, "same_run_as_below": True,
+             "precision_used": "fp32"}]
+    assert "+precision the same run here (fp32)" in ladder.Ladder(frame=pd.DataFrame(rows)).finding()
+
+
 def test_compile_reports_its_time_apart_from_the_steps():
     frame = speed.compile_runs(ladder.ladder_configs(_cfg())["+fused AdamW"])
     off, on = frame.iloc[0], frame.iloc[1]

@@ -11,9 +11,11 @@ import pandas as pd
 from ... import results
 from ...config import RunConfig
 from ...display import number
+from ...env import resolve_device
 from ...errors import ConfigError
 from ...measure import separated
 from ...messages import worded
+from ...techniques.precision import resolve_precision
 from ...units import mib
 
 RUNGS = ("baseline", "+precision", "+SDPA", "+packing", "+fused AdamW", "+compile",
@@ -26,13 +28,15 @@ def ladder_configs(cfg: RunConfig, precision: str = "auto", loss_chunks: int = 4
 
     Args:
         cfg: a language-model run (its model, dataset, seq_len, batch size and steps are kept).
-        precision: the precision rung's (``auto``: bf16 where native, fp16 on a T4, fp32 on a CPU without bf16).
+        precision: the precision rung's (``auto``: bf16 where native, fp16 on a T4, fp32 on a CPU without bf16),
+            resolved here: where it is fp32 the rung is the baseline's run, and the finding says so.
         loss_chunks: the last rung's chunked cross-entropy (a divisor of the sequence length).
     """
     if cfg.dataset not in ("digits_source", "digits_sort", "pydoc_text"):
         raise ConfigError("cfg.dataset", cfg.dataset, "a language-model dataset (the ladder climbs a language model)")
     base = cfg.replace(precision="fp32", attn_implementation="eager", packing="pad_max", optimizer_impl="forloop",
                        compile=False, checkpointing=False, loss_chunks=None)
+    precision = resolve_precision(precision, resolve_device(cfg.device)).name
     steps = [{"precision": precision}, {"attn_implementation": "sdpa"}, {"packing": "pack"},
              {"optimizer_impl": "fused"}, {"compile": True},
              {"checkpointing": True, "loss_chunks": loss_chunks, "batch_size": 2 * cfg.batch_size}]
@@ -66,6 +70,9 @@ class Ladder:
             speed = row.real_tokens_per_s / below.real_tokens_per_s
             # order -1: this rung's time per real token lies wholly below the rung below's
             verdict = {None: "no spread measured", 0: "within the noise", 1: "slower", -1: "faster"}[order]
+            if getattr(row, "same_run_as_below", False):
+                parts.append(f"{row.rung} the same run here ({row.precision_used})")
+                continue
             parts.append(f"{row.rung} {number(speed)}x ({verdict})")
         text = "Real tokens/s, each rung against the one below: " + "; ".join(parts) + "."
         if rows:
@@ -90,6 +97,8 @@ def speed_ladder(cfg: RunConfig, precision: str = "auto", loss_chunks: int = 4, 
     runs = results.run_configs(list(configs.values()), refresh=refresh, progress=progress)
     frame = results.to_frame(runs)
     frame.insert(0, "rung", list(configs))
+    rungs = list(configs.values())
+    frame["same_run_as_below"] = [False] + [a == b for a, b in zip(rungs, rungs[1:], strict=False)]
     real_per_step = frame["real_tokens_per_s"] * frame["step_time_s"]  # the median step's real tokens
     frame["time_per_real_token_p10_s"] = frame["step_time_p10_s"] / real_per_step
     frame["time_per_real_token_p90_s"] = frame["step_time_p90_s"] / real_per_step
