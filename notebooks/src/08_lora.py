@@ -247,7 +247,7 @@ axes = plots.lines(lab.sweep_chart_frame(frame), x="rank", hue="targets", logx=T
 # ## 5. QLoRA: a 4-bit base
 # QLoRA trains bf16 adapters over a frozen 4-bit NormalFloat base (bitsandbytes' `Linear4bit`, notebook 06).
 # Here: LoRA on every Linear, rank 8, over a 16-bit and an NF4 base in 16-bit autocast (bf16; fp16 on a T4, whose
-# bf16 is emulated), for half the sweep's steps.
+# bf16 is emulated), for a third of the sweep's steps.
 # A third run keeps bitsandbytes' layers as shipped: they return their *input's* dtype, float32 after a
 # LayerNorm under autocast, where a bf16 model (what QLoRA loads) passes bf16 on.
 #

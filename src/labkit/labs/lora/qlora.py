@@ -24,9 +24,9 @@ from ...techniques.lora import ALL_LINEAR, add_lora, lora_layers, matching_linea
 from ...units import mib
 from .base import ALPHA, LORA_LR, fresh_model
 
-# QLoRA's runs take this share of the profile's steps: memory and step time settle within a few steps, and the
-# bases are compared with each other, at the same steps.
-QLORA_STEP_SHARE = 0.5
+# QLoRA's runs take this share of the profile's steps (at least a few timed ones): memory and step time settle
+# within a few steps, and the bases are compared with each other, at the same steps.
+QLORA_STEP_SHARE = 0.3
 QLORA_COLUMNS = ("setup", "base_weight_bytes", "peak_memory_bytes", "mem_parameters_bytes", "mem_activations_bytes",
                  "step_time_s", "step_time_p10_s", "step_time_p90_s", "accuracy", "num_trainable_params",
                  "precision_used", "steps", "error", "warnings")
