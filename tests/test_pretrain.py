@@ -48,11 +48,11 @@ def test_pretrain_makes_the_language_models_checkpoint_on_its_source_task(tmp_pa
 
 
 def test_committed_tiny_llama_checkpoint_transfers_to_sorting():
-    """The shipped tiny_llama (trained to reverse digit strings) must beat a random start at sorting them. 120 steps
-    (it first unlearns reversing: its first loss on sorting is far above a random start's); measured here: 34 %
-    against 13 % exact match."""
+    """The shipped tiny_llama (trained to reverse digit strings) must beat a random start at sorting them. 80 steps
+    (it first unlearns reversing: its first loss on sorting is far above a random start's); measured on a 2-core
+    AVX2 machine: 24.6 % against 5.9 % exact match (120 steps: 52 % against 13 %; 60 steps: no gap yet)."""
     cfg = labkit.RunConfig(model="tiny_llama", dataset="digits_sort", batch_size=32, lr=3e-3, lr_warmup_steps=10,
-                           max_steps=120, train_size=4096, packing="pack", device="cpu")
+                           max_steps=80, train_size=4096, packing="pack", device="cpu")
     pretrained, scratch = labkit.fit(cfg, progress=False), labkit.fit(cfg.replace(pretrained=False), progress=False)
     assert pretrained.weights == "labkit:tiny_llama.pt" and scratch.weights == "random"
     assert pretrained.accuracy > scratch.accuracy + 0.1, (pretrained.accuracy, scratch.accuracy)
