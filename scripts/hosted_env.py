@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import shutil
@@ -75,8 +76,11 @@ def run(*command, **kwargs) -> subprocess.CompletedProcess:
 
 def setup_cell_spec() -> str:
     """What the notebooks' setup cells install, every notebook's extras together, from this checkout."""
-    sys.path.insert(0, str(ROOT / "src"))
-    from labkit import project  # labkit's own project facts; nothing of torch is imported
+    # labkit's own project facts, read from its file alone: importing the package would import torch, and `make test`
+    # runs this build with the host's Python, before labkit's environment exists
+    spec = importlib.util.spec_from_file_location("labkit_project", ROOT / "src" / "labkit" / "project.py")
+    project = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(project)
 
     extras = sorted({extra for names in project.NOTEBOOK_EXTRAS.values() for extra in names})
     return f"{project.DISTRIBUTION}[{','.join(extras)}] @ {ROOT.as_uri()}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every test: lint, the import layers, unit tests, widget tests on ipywidgets 7.7.1, every notebook under nbval,
-# then every notebook in JupyterLab in headless Chromium (tests/browser: the learner's view, panels driven).
-# Run through `make test` (which sets up the environment first). Prints how long each part took.
+# Every test: the setup (`make install`), lint, the import layers, unit tests, widget tests on ipywidgets 7.7.1,
+# every notebook under nbval, then every notebook in JupyterLab in headless Chromium (tests/browser: the learner's
+# view, panels driven), then Colab's image. Run through `make test`. Prints how long each part took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -25,11 +25,20 @@ part() {
   [ $status = 0 ] || failed+=("$name")
 }
 
-# Colab's image (scripts/hosted_images.toml): its environment is built in the background while the parts below run
-# (mostly downloads), then tested as the last part. Its log: build/hosted-colab-build.log.
+# Colab's image (scripts/hosted_images.toml): its environment is built in the background from the start, beside the
+# setup (whose pip leaves the second core mostly idle) and the parts after it, then tested as the last part. The
+# build needs only the standard library, so the host's Python runs it. Its log: build/hosted-colab-build.log.
 mkdir -p build
-"$PY" scripts/hosted_env.py colab --build-only > build/hosted-colab-build.log 2>&1 &
+"${HOST_PYTHON:-python3}" scripts/hosted_env.py colab --build-only > build/hosted-colab-build.log 2>&1 &
 hosted_build=$!
+
+part setup "${MAKE:-make}" install
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '  %s\n' "${timings[@]}"
+  echo "FAILED: the setup; nothing else can run"
+  kill "$hosted_build" 2>/dev/null
+  exit 1
+fi
 
 part lint "$BIN/ruff" check .
 part import-layers "$BIN/lint-imports"  # the engine's layers: [tool.importlinter] in pyproject.toml
