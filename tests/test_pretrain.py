@@ -1,9 +1,10 @@
+import dataclasses
 import json
 
 import pytest
 
 import labkit
-from labkit import models
+from labkit import env, models
 from labkit.pretrain import pretrain
 
 
@@ -47,10 +48,12 @@ def test_pretrain_makes_the_language_models_checkpoint_on_its_source_task(tmp_pa
     assert weights.source == "labkit:tiny_llama.pt" and model.lm_head.weight.shape == (16, 128)
 
 
-def test_committed_tiny_llama_checkpoint_transfers_to_sorting():
+def test_committed_tiny_llama_checkpoint_transfers_to_sorting(monkeypatch):
     """The shipped tiny_llama (trained to reverse digit strings) must beat a random start at sorting them. 80 steps
     (it first unlearns reversing: its first loss on sorting is far above a random start's); measured on a 2-core
-    AVX2 machine: 24.6 % against 5.9 % exact match (120 steps: 52 % against 13 %; 60 steps: no gap yet)."""
+    AVX2 machine: 24.6 % against 5.9 % exact match (120 steps: 52 % against 13 %; 60 steps: no gap yet), on 256 test
+    strings: on ci's 128 the test-set noise (about 6 points either way) is as wide as the gap it checks."""
+    monkeypatch.setitem(env.PROFILES, "ci", dataclasses.replace(env.PROFILES["ci"], test_size=256))
     cfg = labkit.RunConfig(model="tiny_llama", dataset="digits_sort", batch_size=32, lr=3e-3, lr_warmup_steps=10,
                            max_steps=80, train_size=4096, packing="pack", device="cpu")
     pretrained, scratch = labkit.fit(cfg, progress=False), labkit.fit(cfg.replace(pretrained=False), progress=False)

@@ -31,6 +31,7 @@ STAGE_NAMES = {"batch_size": "larger batch", "precision": "mixed precision", "ch
                "quantize": "quantization", "prune_amount": "pruning", "channels_last": "channels_last"}
 INFERENCE_FIELDS = ("quantize", "prune_amount")  # stages that act on the trained model: they stay last
 ORDER_METRICS = ("peak_memory_bytes", "epoch_time_s")  # what the measured order ranks each stage alone by
+MIN_EPOCHS = 2  # one epoch of ci's 512 images is 2 steps at batch 256: fewer than the untimed ones
 GIVEN, ALONE, MEASURED = "given order", "each alone", "measured order"
 STAGE_COLUMNS = ("order", "stage", "added", "epoch_time_s", "epoch_time_p10_s", "epoch_time_p90_s",
                  "peak_memory_bytes", "accuracy", "model_size_bytes", "precision_used", "error")
@@ -41,14 +42,15 @@ def workload(prof: Profile | None = None) -> RunConfig:
 
     Args:
         prof: the profile. Its step budget at its batch size gives the epochs, so that a larger batch sees the same
-            data in fewer steps.
+            data in fewer steps; at least `MIN_EPOCHS`, so that the recipe's batch of 256 still takes a few timed
+            steps on `ci`'s 512 images.
 
     Example:
         >>> workload(labkit.profile("ci")).epochs
         2
     """
     prof = prof or profile()
-    epochs = max(1, round(prof.max_steps * prof.batch_size / prof.train_size))
+    epochs = max(MIN_EPOCHS, round(prof.max_steps * prof.batch_size / prof.train_size))
     return config.baseline(prof, max_steps=None, epochs=epochs)
 
 
