@@ -32,7 +32,7 @@ mkdir -p build
 "${HOST_PYTHON:-python3}" scripts/hosted_env.py colab --build-only > build/hosted-colab-build.log 2>&1 &
 hosted_build=$!
 
-part setup "${MAKE:-make}" install
+part setup "${MAKE:-make}" install PYTHON="${HOST_PYTHON:-python3}"  # the venv's base Python, not $PYTHON (the venv's own)
 if [ ${#failed[@]} -gt 0 ]; then
   printf '  %s\n' "${timings[@]}"
   echo "FAILED: the setup; nothing else can run"
