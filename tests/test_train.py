@@ -77,7 +77,8 @@ def test_fit_is_deterministic_for_a_seed(tiny_cfg):
 
 
 def test_bf16_and_grad_accum_and_clip_run(tiny_cfg):
-    res = labkit.fit(tiny_cfg.replace(precision="bf16", grad_accum=2, grad_clip=1.0))
+    # batch 8: bf16 is emulated on most CPUs, a step of batch 32 takes seconds there
+    res = labkit.fit(tiny_cfg.replace(precision="bf16", batch_size=8, grad_accum=2, grad_clip=1.0, evaluate=False))
     assert res.precision_used == "bf16" and all(torch.isfinite(torch.tensor(res.losses)))
 
 
@@ -125,7 +126,7 @@ def test_on_step_callback_and_epochs(tiny_cfg):
 
 
 def test_fp16_runs_with_an_enabled_grad_scaler(tiny_cfg):
-    trainer = train.Trainer(tiny_cfg.replace(precision="fp16"))
+    trainer = train.Trainer(tiny_cfg.replace(precision="fp16", batch_size=8))  # fp16 is emulated on most CPUs
     assert trainer.scaler.is_enabled()
     res = trainer.run(progress=False)
     assert res.precision_used == "fp16" and all(torch.isfinite(torch.tensor(res.losses)))
@@ -244,9 +245,9 @@ def test_an_emulated_run_trains_fewer_steps_and_says_so(tiny_cfg, monkeypatch, c
     from labkit.techniques import precision
 
     monkeypatch.setattr(precision, "cpu_fp16_native", lambda: False)  # an AVX2-only laptop
-    cfg = tiny_cfg.replace(precision="fp16", max_steps=steps, epochs=epochs or 1, evaluate=False)
+    cfg = tiny_cfg.replace(precision="fp16", batch_size=8, max_steps=steps, epochs=epochs or 1, evaluate=False)
     res = labkit.fit(cfg, progress=False)
-    planned = 8 if steps else 2 * (tiny_cfg.train_size // tiny_cfg.batch_size)
+    planned = 8 if steps else 2 * (cfg.train_size // cfg.batch_size)
     assert (res.steps, res.planned_steps, res.timed_steps) == (4, planned, 1)  # 1 warm-up + 2 profiling + 1 timed
     assert len(res.losses) == 4
     assert f"fp16 is emulated here, so this run trained 4 of its {planned} steps" in " ".join(res.warnings)
@@ -257,7 +258,7 @@ def test_a_native_precision_is_never_cut(tiny_cfg, monkeypatch, emulated_limit):
     from labkit.techniques import precision
 
     monkeypatch.setattr(precision, "cpu_bf16_native", lambda: True)
-    res = labkit.fit(tiny_cfg.replace(precision="bf16", max_steps=8, evaluate=False), progress=False)
+    res = labkit.fit(tiny_cfg.replace(precision="bf16", batch_size=8, max_steps=8, evaluate=False), progress=False)
     assert (res.steps, res.planned_steps) == (8, None)
     res = labkit.fit(tiny_cfg.replace(max_steps=8, evaluate=False), progress=False)  # fp32
     assert (res.steps, res.planned_steps) == (8, None)

@@ -72,7 +72,7 @@ def test_fp16_on_cpu_warning_reaches_the_result_and_a_note(monkeypatch, tiny_cfg
     monkeypatch.setattr(precision, "cpu_fp16_native", lambda: False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        res = labkit.fit(tiny_cfg.replace(precision="fp16", evaluate=False), progress=False)
+        res = labkit.fit(tiny_cfg.replace(precision="fp16", batch_size=8, evaluate=False), progress=False)
     assert capsys.readouterr().out.startswith("labkit note: fp16 on this CPU is emulated")
     assert res.precision_used == "fp16" and any("emulated" in w for w in res.warnings)
 
