@@ -6,9 +6,11 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 LAB_ARGS ?=
 # Jupyter refuses to start as root (containers, cloud VMs) unless told that it is meant.
-# pip installs with --no-compile: byte-compiling torch's and the CUDA wheels' thousands of files took a core for
-# about 100 of the setup's 230 s; Python compiles only what a run imports, once, and keeps it (so the lab and the
-# tests may write bytecode even where the environment says not to).
+# torch is installed with --no-compile: byte-compiling its and the CUDA wheels' thousands of files took a core for
+# about 60 of the setup's 230 s; Python compiles only what a run imports, once, and keeps it (so the lab and the
+# tests may write bytecode even where the environment says not to). The rest is compiled as pip does: torchao, for
+# one, has an invalid escape sequence, which Python 3.12 would show as a SyntaxWarning box in the notebook that
+# first imports it (torch's own files compile without one).
 unexport PYTHONDONTWRITEBYTECODE
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
@@ -20,7 +22,7 @@ LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 $(BIN)/.labkit-installed: pyproject.toml scripts/jupyterlab-overrides.json
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile $(TORCH_PIN)
-	$(BIN)/python -m pip install -q --no-compile -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev]"
 	mkdir -p $(dir $(LAB_OVERRIDES)) && cp scripts/jupyterlab-overrides.json $(LAB_OVERRIDES)
 	touch $@
 
