@@ -42,7 +42,7 @@ def test_an_emulated_basis_predicts_the_same_cut(tiny_cfg, empty_cache, monkeypa
 
     monkeypatch.setattr(precision, "cpu_fp16_native", lambda: False)
     monkeypatch.setitem(labkit.env.PROFILES, "ci", dataclasses.replace(labkit.env.PROFILES["ci"], emulated_steps=4))
-    cfg = tiny_cfg.replace(precision="fp16", max_steps=8, evaluate=False)
+    cfg = tiny_cfg.replace(precision="fp16", batch_size=8, max_steps=8, evaluate=False)  # fp16: emulated on most CPUs
     res = results.cached_fit(cfg, progress=False)
     assert res.planned_steps == 8
     estimate = estimates.estimate_run(cfg.replace(max_steps=100))

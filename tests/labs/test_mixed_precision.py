@@ -11,7 +11,7 @@ from labkit.labs import mixed_precision
 
 
 def test_gradient_underflow_counts_what_fp16_zeroes_and_scaling_keeps(tiny_cfg):
-    df = mixed_precision.gradient_underflow(tiny_cfg, loss_multipliers=1e-3).set_index("run")
+    df = mixed_precision.gradient_underflow(tiny_cfg.replace(batch_size=8), loss_multipliers=1e-3).set_index("run")
     assert list(df.index) == ["fp32", "fp16, no scaling", "fp16, loss scaled by 65536"]
     assert df.loc["fp32", "zeroed_gradients"] == 0 and df.loc["fp32", "max_rel_error"] == 0
     unscaled, scaled = df.loc["fp16, no scaling"], df.loc["fp16, loss scaled by 65536"]
@@ -23,15 +23,16 @@ def test_gradient_underflow_counts_what_fp16_zeroes_and_scaling_keeps(tiny_cfg):
 
 
 def test_smaller_losses_underflow_more(tiny_cfg):
-    df = mixed_precision.gradient_underflow(tiny_cfg, loss_multipliers=(1.0, 1e-4))
+    df = mixed_precision.gradient_underflow(tiny_cfg.replace(batch_size=8), loss_multipliers=(1.0, 1e-4))
     unscaled = df[df.run == "fp16, no scaling"].set_index("loss_multiplier").zeroed_gradients
     assert list(df.loss_multiplier) == [1.0] * 3 + [1e-4] * 3
     assert unscaled[1e-4] > unscaled[1.0]
 
 
 def test_scaler_trace_halves_on_overflow_and_grows_after_clean_steps(tiny_cfg):
-    # 8 steps: the ci profile's most for an emulated fp16 run
-    trace = mixed_precision.scaler_trace(tiny_cfg, steps=8, init_scale=2.0**19, growth_interval=2)
+    # 8 steps: the ci profile's most for an emulated fp16 run; batch 8, as fp16 is emulated on most CPUs
+    trace = mixed_precision.scaler_trace(tiny_cfg.replace(batch_size=8), steps=8, init_scale=2.0**19,
+                                         growth_interval=2)
     assert list(trace.step) == list(range(1, 9))
     assert trace.skipped.iloc[0], "a 2**19 scale overflows fp16 (max 65504) at once"
     scales, skipped = trace.scale.tolist(), trace.skipped.tolist()
@@ -73,7 +74,7 @@ def _row(setup, step_time_s, peak, accuracy=0.5, spread=0.1, **extra):
 
 def test_table_labels_live_and_reference_rows_alike(tiny_cfg):
     two = {k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")}
-    runs = mixed_precision.compare(tiny_cfg.replace(evaluate=False), setups=two,
+    runs = mixed_precision.compare(tiny_cfg.replace(batch_size=8, evaluate=False), setups=two,
                              progress=False)
     df = mixed_precision.table(runs)
     assert list(df.setup) == ["fp32", "bf16"]
@@ -184,7 +185,7 @@ def test_compare_turns_a_failing_setup_into_an_error_row(tiny_cfg, monkeypatch):
 
     monkeypatch.setattr(results, "cached_fit", fake)
     two = {k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")}
-    runs = mixed_precision.compare(tiny_cfg.replace(evaluate=False), setups=two,
+    runs = mixed_precision.compare(tiny_cfg.replace(batch_size=8, evaluate=False), setups=two,
                              progress=False)
     df = mixed_precision.table(runs).set_index("setup")
     assert df.error.isna()["fp32"] and "CUBLAS_STATUS_NOT_SUPPORTED" in df.error["bf16"]
