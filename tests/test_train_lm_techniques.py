@@ -38,13 +38,9 @@ def test_lora_on_the_attention_projections_trains_a_small_share(lm_cfg):
     assert frozen.num_trainable_params < res.num_params / 4
 
 
-def test_compile_keeps_its_time_out_of_the_step_time(lm_cfg):
-    eager = labkit.fit(lm_cfg, progress=False)
-    compiled = labkit.fit(lm_cfg.replace(compile=True), progress=False)
-    assert compiled.compile_time_s > 0 and eager.compile_time_s is None
-    assert compiled.step_time_s < compiled.compile_time_s  # the compiling step is not a timed one
-    assert compiled.losses == pytest.approx(eager.losses, rel=1e-3)
-    assert compiled.flops_per_step == eager.flops_per_step and compiled.warnings == []
+# compile=True through the engine (compile time kept out of the step time, the same losses as eager): checked on
+# notebook 10's ladder config in tests/labs/test_language_ladder.py, whose compiled graph Inductor's cache then
+# holds for the notebook (a second cold compile here cost about 20 s of CI)
 
 
 def test_compile_without_a_compiler_falls_back_loudly(lm_cfg, monkeypatch, capsys):
