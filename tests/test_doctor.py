@@ -1,5 +1,8 @@
 """`labkit.doctor`: each deliberately broken config gets the right diagnosis; healthy ones get none."""
 
+import re
+import time
+
 import pytest
 
 import labkit
@@ -7,6 +10,10 @@ from labkit import cli, env
 from labkit import troubleshoot as doctor
 from labkit.config import save_config
 from labkit.errors import ConfigError
+
+# launch's error for a rank that hangs (the doctor's probe is `launch` with a short timeout): the only test that
+# starts that job
+HANG_MESSAGE = r"rank 1 stopped taking part after step 2: rank 0 waited for it .* until the process group's timeout"
 
 
 @pytest.fixture
@@ -90,8 +97,11 @@ def test_pruning_is_compared_with_the_same_quantization(cfg):
 
 
 def test_a_hanging_rank_is_named_within_the_timeout(cfg):
+    start = time.perf_counter()
     hang = labkit.doctor(cfg, nproc=2, fail_rank=1, fail_step=2, fail_how="hang", timeout_s=3)["distributed_hang"]
+    assert time.perf_counter() - start < 60
     assert hang.problem and "rank 1" in hang.observed and "rank 1 stopped taking part" in hang.cause
+    assert re.search(HANG_MESSAGE, hang.observed), hang.observed  # launch's own error, as the lab words it
     assert "timeout" in hang.remedy
 
 

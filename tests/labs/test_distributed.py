@@ -85,14 +85,14 @@ def test_a_rank_that_raises_ends_the_job_with_its_name(cfg):
         (info.value.rank, info.value.exit_code, info.value.elapsed_s)
 
 
-@pytest.mark.parametrize("how, message", [
-    ("exit", r"rank 1 died with exit code 13 without raising an error"),
-    ("hang", r"rank 1 stopped taking part after step 2: rank 0 waited for it .* until the process group's timeout"),
-])
-def test_a_rank_that_dies_or_hangs_is_named_within_the_timeout(cfg, how, message):
+# A rank that hangs: tests/test_doctor.py launches that job (the doctor's probe is `launch` with a short timeout) and
+# checks launch's message there, so that CI starts its three processes once.
+
+
+def test_a_rank_that_dies_is_named_within_the_timeout(cfg):
     start = time.perf_counter()
-    with pytest.raises(DistributedError, match=message) as info:
-        lab.launch(cfg, nproc=2, fail_rank=1, fail_step=2, fail_how=how, timeout_s=2, progress=False)
+    with pytest.raises(DistributedError, match=r"rank 1 died with exit code 13 without raising an error") as info:
+        lab.launch(cfg, nproc=2, fail_rank=1, fail_step=2, fail_how="exit", timeout_s=2, progress=False)
     assert info.value.rank == 1 and time.perf_counter() - start < 60
 
 
