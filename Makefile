@@ -5,13 +5,13 @@ BIN := $(VENV)/bin
 # The torch build the lab is tested with. On Colab/Kaggle the notebooks never reinstall torch.
 TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 LAB_ARGS ?=
-# Jupyter refuses to start as root (containers, cloud VMs) unless told that it is meant.
 # torch is installed with --no-compile: byte-compiling its and the CUDA wheels' thousands of files took a core for
 # about 60 of the setup's 230 s; Python compiles only what a run imports, once, and keeps it (so the lab and the
 # tests may write bytecode even where the environment says not to). The rest is compiled as pip does: torchao, for
 # one, has an invalid escape sequence, which Python 3.12 would show as a SyntaxWarning box in the notebook that
 # first imports it (torch's own files compile without one).
 unexport PYTHONDONTWRITEBYTECODE
+# Jupyter refuses to start as root (containers, cloud VMs) unless told that it is meant.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: install lab test notebooks strip clean-cache
