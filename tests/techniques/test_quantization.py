@@ -80,7 +80,7 @@ def test_bits_out_of_range_is_refused():
 
 
 @pytest.mark.parametrize("method", [m for m in Q.METHODS if Q.supported(m, "cpu") is None])
-def test_every_cpu_method_gives_a_close_smaller_or_equal_model(vit, method):
+def test_every_cpu_method_gives_a_close_smaller_or_equal_model(vit, method, capsys):
     x = inputs()
     calibration = [inputs(16, seed=s) for s in range(3)] if Q.METHODS[method].calibration else None
     quantized = Q.quantize(vit, method, calibration)
@@ -89,6 +89,9 @@ def test_every_cpu_method_gives_a_close_smaller_or_equal_model(vit, method):
     assert out.dtype == torch.float32 and out.shape == ref.shape
     bits = Q.METHODS[method].weight_bits
     tolerance = {32: 1e-6, 16: 0.02, 8: 0.15, 4: 0.5}[bits] * ref.abs().max()
+    if Q.inexact_int8_note(method):  # a CPU without VNNI: the int8 product saturates, and labkit says so
+        assert "no VNNI" in capsys.readouterr().out
+        tolerance = 0.5 * ref.abs().max()  # about 0.2 measured with oneDNN held to AVX2
     assert (out - ref).abs().max() <= tolerance, method
     size = measure.model_size_bytes(quantized) / measure.model_size_bytes(vit)
     assert size <= {32: 1.0, 16: 0.52, 8: 0.36, 4: 0.25}[bits] + 1e-9, (method, size)
@@ -393,3 +396,35 @@ def test_06s_own_torchao_import_after_labkit_shows_no_warning_box():
             "from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and "KernelPreference" not in done.stderr, done.stderr[-500:]
+
+
+def exact_int_mm(a, b):
+    return (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32)
+
+
+def saturating_int_mm(a, b):
+    """int8 x int8 as oneDNN computes it without VNNI: ``a`` shifted to uint8 (+128), each pair of products summed
+    in 16 bits with saturation (vpmaddubsw), the shift's 128 x column sums of ``b`` taken off in 32 bits: bit for bit
+    what torch._int_mm gave with oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, torch 2.14.1)."""
+    shifted = a.to(torch.int32) + 128
+    pairs = (shifted[:, :, None] * b.to(torch.int32)[None]).reshape(a.shape[0], -1, 2, b.shape[1])
+    return (pairs.sum(2).clamp(-32768, 32767).sum(1) - 128 * b.to(torch.int32).sum(0)).to(torch.int32)
+
+
+@pytest.mark.parametrize("kernel", [exact_int_mm, saturating_int_mm])
+def test_a_saturating_int8_product_is_found_and_named_for_the_methods_that_use_it(monkeypatch, kernel):
+    from labkit.techniques.quantization import int8_matmul
+
+    monkeypatch.setattr(torch, "_int_mm", kernel)
+    int8_matmul.cpu_int_mm_error.cache_clear()
+    try:
+        error = Q.cpu_int_mm_error()
+        notes = {method: Q.inexact_int8_note(method) for method in Q.METHODS}
+    finally:
+        int8_matmul.cpu_int_mm_error.cache_clear()
+    if kernel is exact_int_mm:
+        assert error == 0.0 and not any(notes.values())
+    else:
+        assert 0.05 < error < 1
+        assert {m for m, text in notes.items() if text} == {"int8_dynamic_torchao", "int8_bnb"}
+        assert "int8_dynamic_torchao" in notes["int8_dynamic_torchao"] and "no VNNI" in notes["int8_bnb"]

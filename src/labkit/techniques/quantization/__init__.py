@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ... import machine
+from ... import machine, messages
 from ...choices import SIMULATED_METHODS
 from ...errors import ConfigError, UnsupportedError
 from . import pt2e
@@ -49,6 +49,7 @@ from .fx import _silence_deprecations as _silence_deprecations
 from .fx import convert_qat, module_int8_layers, prepare_qat
 from .fx import dynamic as _dynamic
 from .fx import static as _static
+from .int8_matmul import INT_MM_METHODS, cpu_int_mm_error, inexact_int8_note
 from .pt2e import (
     allow_train_eval,
     convert_qat_pt2e,
@@ -64,11 +65,11 @@ from .with_torchao import INT4_GROUP_SIZES, INT4_PACKING, int4_config
 from .with_torchao import torchao_quantize as _torchao_quantize
 
 __all__ = [
-    "BNB_CPU_BLOCK_N", "CASTS", "INSTALL_HINT", "INT4_GROUP_SIZES", "INT4_PACKING", "METHODS", "SIMULATED_METHODS",
-    "TORCHAO_REQUIREMENT", "TORCHAO_TESTED", "Cast", "Method", "affine_qparams", "allow_train_eval", "available",
-    "convert_qat", "convert_qat_pt2e", "dequantize_affine", "export", "fake_quantize_weights", "installed_version",
-    "int4_config", "int8_layers", "prepare_qat", "prepare_qat_pt2e", "quantize", "quantize_affine", "static_pt2e",
-    "supported", "x86_quantizer",
+    "BNB_CPU_BLOCK_N", "CASTS", "INSTALL_HINT", "INT4_GROUP_SIZES", "INT4_PACKING", "INT_MM_METHODS", "METHODS",
+    "SIMULATED_METHODS", "TORCHAO_REQUIREMENT", "TORCHAO_TESTED", "Cast", "Method", "affine_qparams",
+    "allow_train_eval", "available", "convert_qat", "convert_qat_pt2e", "cpu_int_mm_error", "dequantize_affine",
+    "export", "fake_quantize_weights", "installed_version", "inexact_int8_note", "int4_config", "int8_layers",
+    "prepare_qat", "prepare_qat_pt2e", "quantize", "quantize_affine", "static_pt2e", "supported", "x86_quantizer",
 ]
 # The private names the rest of labkit and its tests reach for, under their old names; a test that monkeypatches
 # `installed_version`, `supported` or `_torchao_quantize` here changes what `quantize` and `supported` call.
@@ -178,6 +179,8 @@ def quantize(model: nn.Module, method: str, calibration: Iterable | None = None,
         cast = Cast(copied.to(target), torch.bfloat16)
         cast.model = _torchao_quantize(cast.model, method, names)
         return cast.eval()
+    if target.type == "cpu" and (warning := inexact_int8_note(method)):
+        messages.note(warning)
     if spec.api == "torchao":
         return _torchao_quantize(copied.to(target), method, names).eval()
     return _bnb_quantize(copied.to(target), method, names)
