@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every test: the setup (`make install`), lint, the import layers, unit tests, widget tests on ipywidgets 7.7.1,
-# every notebook under nbval, then every notebook in JupyterLab in headless Chromium (tests/browser: the learner's
-# view, panels driven), then Colab's image. Run through `make test`. Prints how long each part took.
+# Every test: the setup (`make install`), lint, the import layers, unit tests, every notebook under nbval, then
+# every notebook in JupyterLab in headless Chromium (tests/browser: the learner's view, panels driven), then Colab's
+# image (its ipywidgets 7.7.1 among its versions). Run through `make test`. Prints how long each part took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -47,7 +47,6 @@ part import-layers "$BIN/lint-imports"  # the engine's layers: [tool.importlinte
 XDIST=(-n 2 --dist loadfile)
 part unit-tests env OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/browser \
   "${XDIST[@]}" --durations=15
-part widgets-ipywidgets7 bash tests/widgets_ipywidgets7.sh
 part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest --nbval-lax --nbval-current-env -q -p no:cacheprovider \
   "${XDIST[@]}" --durations=15 notebooks/
 # After nbval, so that the notebooks' runs come from the result cache it filled (the panels' runs use new
@@ -55,7 +54,7 @@ part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest --nbval-lax --nbval-current
 # Without Chromium this part says how to get it and skips; .ci/run sets LABKIT_REQUIRE_BROWSER=1, where it fails.
 part browser "$PY" -m pytest tests/browser -q -p no:cacheprovider -n 2 -rs
 # Colab's image: an older torch, its Python, ipywidgets 7.7.1, transformers 4, labkit installed as the setup cell
-# installs it; the quick unit tests and two notebooks there.
+# installs it; the quick unit tests (the panel's among them, so ipywidgets 7's API) and two notebooks there.
 hosted_colab() {
   local start=$SECONDS
   wait "$hosted_build"

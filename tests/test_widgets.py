@@ -1,4 +1,4 @@
-"""ExperimentPanel without a kernel or training. Also run under ipywidgets 7.7.1 by tests/widgets_ipywidgets7.sh."""
+"""ExperimentPanel without a kernel or training. Also run under ipywidgets 7.7.1, in Colab's image (make test)."""
 
 import html
 import types
