@@ -150,6 +150,7 @@ _TABLE_ROWS_JS = """t => [Array.from(t.querySelectorAll('thead tr:last-child th'
         c => c.textContent.trim()))]"""
 _CELLS_JS = _CELLS_JS.replace("TABLE_ROWS", _TABLE_ROWS_JS)
 MAX_TABLE_COLUMNS = 7
+SHOT_HEIGHT_PX = 2700  # the window's height while the notebook's picture is taken (a learner's is 900)
 SIGNIFICANT_DIGITS = 3
 _NUMBER = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)?(\.\d+)?([eE][-+]?\d+)?$")
 
@@ -321,15 +322,31 @@ class NotebookPage:
     def screenshot(self, path: Path) -> None:
         """The whole notebook, as slices of what the window shows while scrolling down, stitched together:
         cells are painted only near the window, so one picture of a very tall page comes out part blank."""
+        scroller = ("(document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')"
+                    " || document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook'))")
+        # A window SHOT_HEIGHT_PX tall for the pictures: a third of the slices (each costs a round trip, two
+        # frames and a pause) of the 900 px a learner's window shows; restored afterwards.
+        viewport = self.page.viewport_size
+        self.page.set_viewport_size({"width": viewport["width"], "height": SHOT_HEIGHT_PX})
+        try:
+            self._wait_until_stable(lambda: self.page.evaluate(
+                f"() => {{ const n = {scroller}; return [n.clientHeight, n.scrollHeight].join(); }}"),
+                settle_s=0.5, timeout_s=10)
+            self._stitch(scroller, path)
+        finally:
+            self.page.set_viewport_size(viewport)
+
+    def _stitch(self, scroller: str, path: Path) -> None:
         import io
 
         from PIL import Image
 
-        scroller = ("(document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')"
-                    " || document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook'))")
+        # The picture ends just under the last cell: the scroll-past-end space below it grows with the window.
         x, y, width, height, total = self.page.evaluate(
             f"() => {{ const n = {scroller}; const r = n.getBoundingClientRect(); "
-            f"return [r.x, r.y, r.width, r.height, n.scrollHeight]; }}")
+            f"const cells = n.querySelectorAll('.jp-Cell'); const last = cells[cells.length - 1]; "
+            f"const end = last ? last.getBoundingClientRect().bottom - r.top + n.scrollTop + 40 : n.scrollHeight; "
+            f"return [r.x, r.y, r.width, r.height, Math.min(n.scrollHeight, Math.ceil(end))]; }}")
         canvas = Image.new("RGB", (int(width), int(total)), "white")
         top = 0
         while True:
@@ -338,7 +355,7 @@ class NotebookPage:
             self.page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
             time.sleep(0.1)
             png = self.page.screenshot(clip={"x": x, "y": y, "width": width, "height": height})
-            canvas.paste(Image.open(io.BytesIO(png)), (0, int(shown)))
+            canvas.paste(Image.open(io.BytesIO(png)), (0, int(shown)))  # past ``total``: cut off
             if shown + height >= total:
                 break
             top = shown + height

@@ -19,8 +19,8 @@ from .jupyterlab import NotebookPage, cells_not_run, longest_blank_stretch_px, t
 # monospace characters with the file browser closed), and JupyterLab breaks lines anywhere, mid-word too.
 MAX_LINE_CHARS = 110
 RUN_ALL_TIMEOUT_S = 900
-# JupyterLab leaves about 900 px of scroll-past-end space under the last cell; more blank than this is a
-# part of the notebook the picture missed.
+# The picture ends under the last cell, and is taken in slices of 2,700 px (SHOT_HEIGHT_PX): a blank stretch taller
+# than this is a part of the notebook that was not painted.
 MAX_BLANK_PX = 1500
 PANEL_TIMEOUT_S = 300
 # A chart's share of non-white pixels: a few percent at least (axes, bars, text); a chart drawn blank but for a
@@ -60,6 +60,7 @@ def test_notebook_in_jupyterlab(path, lab_server, page):
                 for line in text.splitlines() if len(line) > MAX_LINE_CHARS]
     assert not too_long, f"{path.name}: printed lines that JupyterLab wraps mid-word:\n" + "\n".join(too_long)
 
+    start = time.monotonic()
     panels = notebook.panels()
     assert panels.count() >= 1, f"{path.name}: no ExperimentPanel found"
     record["panels"] = []
@@ -78,13 +79,16 @@ def test_notebook_in_jupyterlab(path, lab_server, page):
         assert run.images >= 1, f"{path.name}: the panel run drew no chart: {run.status}"
         assert min(run.ink) > MIN_CHART_INK, f"{path.name}: a chart of the panel run is drawn blank: ink {run.ink}"
         assert run.estimate, f"{path.name}: the panel showed no time estimate before Run"
+    record["panels_s"] = round(time.monotonic() - start, 1)
     logged = notebook.log_console_messages()
     assert not logged, f"{path.name}: output landed in JupyterLab's log console: {logged}"
     assert not notebook.console, f"{path.name}: browser console errors: {notebook.console}"
 
     shot = ARTIFACTS / f"{path.stem}.png"
+    start = time.monotonic()
     notebook.screenshot(shot)
     record["screenshot"] = str(shot)
+    record["screenshot_s"] = round(time.monotonic() - start, 1)
     blank = longest_blank_stretch_px(shot)
     assert blank < MAX_BLANK_PX, f"{path.name}: the screenshot has {blank} px of unpainted notebook ({shot})"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
