@@ -2,6 +2,7 @@
 against torch's counter, eager attention's L^2 probabilities against SDPA, padding against packing and the packed
 documents kept apart only without a cache."""
 
+import pandas as pd
 import pytest
 
 from labkit.errors import ConfigError
@@ -44,8 +45,16 @@ def test_six_n_plus_attention_is_the_flop_counters_count():
     assert "MFU 25 %" in throughput.flops_finding(given)
 
 
-def test_eager_attention_keeps_the_probabilities_sdpa_does_not():
+def not_again(*args, **kwargs):
+    raise AssertionError("a cached measurement was run again")
+
+
+def test_eager_attention_keeps_the_probabilities_sdpa_does_not(monkeypatch):
     frame = attention.attention_memory((16, 64), batch_size=2, max_steps=5)
+    monkeypatch.setattr(attention, "fit", not_again)  # a rerun reads the table back from the results cache
+    pd.testing.assert_frame_equal(attention.attention_memory((16, 64), batch_size=2, max_steps=5), frame)
+    with pytest.raises(AssertionError, match="run again"):
+        attention.attention_memory((16, 64), batch_size=2, max_steps=5, refresh=True)
     last = frame.iloc[-1]
     assert last["eager_activation_bytes"] > last["sdpa_activation_bytes"]
     assert attention.growth_exponent(frame) > 1.5  # 4x the length, more than 8x the extra memory
@@ -56,8 +65,10 @@ def test_eager_attention_keeps_the_probabilities_sdpa_does_not():
         attention.attention_memory((64, 16))
 
 
-def test_packing_removes_padding():
+def test_packing_removes_padding(monkeypatch):
     frame = packing.packing_runs(rounds=1, seq_len=128, batch_size=4).set_index("packing")
+    monkeypatch.setattr(packing, "fit", not_again)
+    pd.testing.assert_frame_equal(packing.packing_runs(rounds=1, seq_len=128, batch_size=4).set_index("packing"), frame)
     pad = frame["pad_fraction"]
     assert pad["pack"] < pad["pad"] < pad["pad_max"]
     assert (frame["real_tokens_per_s"] < frame["tokens_per_s"]).all()

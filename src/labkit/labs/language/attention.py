@@ -13,6 +13,7 @@ from ...errors import ConfigError
 from ...measure import separated
 from ...messages import worded
 from ...models import LANGUAGE_MODELS
+from ...results import cached_frame
 from ...train import fit
 from ...units import mib
 from .throughput import lm_config
@@ -31,12 +32,14 @@ def probabilities_bytes(rows: int, seq_len: int, model: str = "tiny_llama", dtyp
     return rows * spec.num_attention_heads * seq_len**2 * dtype_bytes * spec.num_hidden_layers
 
 
-def attention_memory(seq_lens=(32, 64, 128), batch_size: int = 2, progress: bool = False, **fields) -> pd.DataFrame:
-    """Each length run with SDPA then eager (random-weight tiny_llama, pydoc_text padded to the length).
+def attention_memory(seq_lens=(32, 64, 128), batch_size: int = 2, progress: bool = False, refresh: bool = False,
+                     **fields) -> pd.DataFrame:
+    """Each length run with SDPA then eager (random-weight tiny_llama, pydoc_text padded to the length; cached).
 
     Args:
         seq_lens: row widths, shortest first. batch_size: rows.
-        progress: show the runs' progress bars. fields: other `RunConfig` fields (`throughput.lm_config`'s).
+        progress: show the runs' progress bars. refresh: measure again. fields: other `RunConfig` fields
+        (`throughput.lm_config`'s).
 
     Returns:
         One row per length: ``{impl}_activation_bytes``, ``{impl}_step_time_s`` and its ``_p10_s``/``_p90_s`` for
@@ -49,16 +52,24 @@ def attention_memory(seq_lens=(32, 64, 128), batch_size: int = 2, progress: bool
     seq_lens = list(seq_lens)
     if not seq_lens or seq_lens != sorted(set(seq_lens)):
         raise ConfigError("seq_lens", seq_lens, "distinct row widths, shortest first, e.g. (32, 64, 128)")
+    cfgs = {(seq_len, impl): lm_config(seq_len, batch_size, impl, **fields)
+            for seq_len in seq_lens for impl in IMPLEMENTATIONS}
+    model = fields.get("model", "tiny_llama")
+    return cached_frame("lm-attention", cfgs.values(), lambda: _attention_frame(cfgs, seq_lens, batch_size, model,
+                                                                                progress), refresh=refresh)
+
+
+def _attention_frame(cfgs: dict, seq_lens: list[int], batch_size: int, model: str, progress: bool) -> pd.DataFrame:
     rows = []
     for seq_len in seq_lens:
         row = {"seq_len": seq_len}
         for impl in IMPLEMENTATIONS:  # the two runs of a length back to back, so their times compare
-            res = fit(lm_config(seq_len, batch_size, impl, **fields), progress=progress)
+            res = fit(cfgs[(seq_len, impl)], progress=progress)
             row[f"{impl}_activation_bytes"] = res.memory.get("activations")
             for key in ("step_time_s", "step_time_p10_s", "step_time_p90_s"):
                 row[f"{impl}_{key}"] = getattr(res, key)
         row["extra_bytes"] = row["eager_activation_bytes"] - row["sdpa_activation_bytes"]
-        row["probabilities_bytes"] = probabilities_bytes(batch_size, seq_len, fields.get("model", "tiny_llama"))
+        row["probabilities_bytes"] = probabilities_bytes(batch_size, seq_len, model)
         row["extra_over_probabilities"] = row["extra_bytes"] / row["probabilities_bytes"]
         rows.append(row)
     return pd.DataFrame(rows)

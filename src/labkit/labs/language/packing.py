@@ -12,18 +12,20 @@ from ...display import number
 from ...errors import ConfigError
 from ...messages import worded
 from ...models.language import build_llama
+from ...results import cached_frame
 from ...techniques.token_loss import token_loss_sum
 from ...train import fit
 from .throughput import lm_config
 
 
 def packing_runs(packings=("pad", "pad_max", "pack"), rounds: int = 2, seq_len: int = 128, batch_size: int = 4,
-                 progress: bool = False, **fields) -> pd.DataFrame:
-    """Each packing run ``rounds`` times, interleaved (each round in a rotated order), the timed steps pooled.
+                 progress: bool = False, refresh: bool = False, **fields) -> pd.DataFrame:
+    """Each packing run ``rounds`` times, interleaved (each round in a rotated order), the timed steps pooled (cached).
 
     Args:
         packings: from `labkit.text.PACKINGS`. rounds: runs of each. seq_len, batch_size: tokens per row, rows.
-        progress: show the runs' progress bars. fields: other `RunConfig` fields (`throughput.lm_config`'s).
+        progress: show the runs' progress bars. refresh: measure again. fields: other `RunConfig` fields
+        (`throughput.lm_config`'s).
 
     Returns:
         One row per packing: ``pad_fraction``, ``tokens_per_s``, ``real_tokens_per_s``, ``step_time_s`` with
@@ -35,10 +37,17 @@ def packing_runs(packings=("pad", "pad_max", "pack"), rounds: int = 2, seq_len: 
     packings = list(packings)
     if not packings or rounds < 1:
         raise ConfigError("packings", packings, "at least one packing, with rounds >= 1")
+    cfgs = {packing: lm_config(seq_len, batch_size, "sdpa", packing=packing, **fields) for packing in packings}
+    return cached_frame("lm-packing", cfgs.values(), lambda: _packing_frame(cfgs, rounds, progress), refresh=refresh,
+                        rounds=rounds)
+
+
+def _packing_frame(cfgs: dict, rounds: int, progress: bool) -> pd.DataFrame:
+    packings = list(cfgs)
     pooled = {p: {"times": [], "tokens": 0.0, "real": 0.0} for p in packings}
     for round_ in range(rounds):
         for packing in packings[round_ % len(packings):] + packings[:round_ % len(packings)]:
-            res = fit(lm_config(seq_len, batch_size, "sdpa", packing=packing, **fields), progress=progress)
+            res = fit(cfgs[packing], progress=progress)
             total_s = sum(res.step_times_s)
             pool = pooled[packing]
             pool["times"] += res.step_times_s
