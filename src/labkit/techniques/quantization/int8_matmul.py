@@ -18,8 +18,9 @@ INT_MM_METHODS = ("int8_dynamic_torchao", "int8_bnb")
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_int_mm_error() -> float:
-    """``torch._int_mm``'s largest error on this CPU, as a share of the largest exact entry (0.0 where exact).
+def cpu_int_mm_error() -> float | None:
+    """``torch._int_mm``'s largest error on this CPU, as a share of the largest exact entry (0.0 where exact; None
+    where this torch has no CPU kernel for it, so the methods take another path).
 
     The probe is random int8 matrices of the full range, where many pairs of products exceed 16 bits.
     """
@@ -27,7 +28,10 @@ def cpu_int_mm_error() -> float:
     a = torch.randint(-128, 128, (32, 64), dtype=torch.int8, generator=generator)
     b = torch.randint(-128, 128, (64, 32), dtype=torch.int8, generator=generator)
     exact = a.to(torch.int64) @ b.to(torch.int64)
-    got = torch._int_mm(a, b).to(torch.int64)
+    try:
+        got = torch._int_mm(a, b).to(torch.int64)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
     return float((got - exact).abs().max() / exact.abs().max())
 
 
@@ -36,7 +40,7 @@ def inexact_int8_note(method: str) -> str | None:
     if method not in INT_MM_METHODS:
         return None
     error = cpu_int_mm_error()
-    if error == 0.0:
+    if not error:  # exact, or no such kernel here
         return None
     return (f"this CPU has no VNNI, so torch._int_mm (which {method} multiplies with here) saturates: it was off "
             f"by up to {error:.0%} of the largest entry of an exact int8 product, and the model's outputs move "
