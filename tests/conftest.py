@@ -52,3 +52,42 @@ def small_cnn_bytes():
         adamw_state=8 * params + 4 * 23,
         eight_bit_state=8 * below + 2 * (params - below) + 8 * sum(math.ceil(n / 256) for n in large) + 2048,
     )
+
+
+class _DigitsBackend:
+    """A transformers tokenizer in miniature for the digit tasks: id 100 + a character's place in "0123456789>",
+    and one token (id 200) for the pair "12", so that its token counts differ from the character counts."""
+
+    chars = "0123456789>"
+
+    def __init__(self, bos_token_id):
+        self.bos_token_id, self.eos_token_id = bos_token_id, 2
+
+    def encode(self, text, add_special_tokens=False):
+        assert not add_special_tokens  # labkit adds its own start and end
+        ids, i = [], 0
+        while i < len(text):
+            pair = text.startswith("12", i)
+            ids.append(200 if pair else 100 + self.chars.index(text[i]))
+            i += 2 if pair else 1
+        return ids
+
+    def decode(self, ids, skip_special_tokens=True):
+        special = {1: "<s>", 2: "</s>"}
+        return "".join("12" if i == 200 else self.chars[i - 100] if i >= 100 else
+                       "" if skip_special_tokens else special[i] for i in ids)
+
+    def __len__(self):
+        return 201
+
+
+@pytest.fixture
+def fake_hub_tokenizer():
+    """A factory: ``fake_hub_tokenizer(bos_token_id=1, name="fake/digits")``, a `HubTokenizer` around `_DigitsBackend`
+    (``bos_token_id=None``: no start token, as Qwen2.5's tokenizer)."""
+    from labkit import text
+
+    def make(bos_token_id=1, name="fake/digits"):
+        return text.HubTokenizer(_DigitsBackend(bos_token_id), name)
+
+    return make

@@ -96,6 +96,48 @@ def test_digit_tasks_mask_everything_but_the_answer(digits_sort):
             assert text.DIGITS_LENGTHS[0] <= start - 2 <= text.DIGITS_LENGTHS[1]
 
 
+def test_digit_tasks_in_a_hub_tokenizer_hold_the_same_strings_and_mask_the_prompt(digits_sort, fake_hub_tokenizer):
+    hub, chars = fake_hub_tokenizer(), text.tokenizer("chars")
+    splits = text.load_text_splits("digits_sort", 256, 64, 64, seq_len=SEQ_LEN, seed=0, tokenizer=hub)
+    for split in text.tasks.SPLITS:
+        data, same = splits[split], digits_sort[split]
+        assert data.tokenizer is hub and len(data) == len(same)
+        assert [hub.decode(ids) for ids in data.input_ids] == [chars.decode(ids) for ids in same.input_ids]
+        for i in range(len(data)):
+            ids, labels, start = data.input_ids[i], data.labels[i], data.answer_start(i)
+            digits = chars.decode(same.input_ids[i][:same.answer_start(i)])[:-1]
+            assert ids.tolist() == [1, *hub.encode(digits + ">"), *hub.encode("".join(sorted(digits))), 2]
+            assert start == 1 + len(hub.encode(digits + ">"))  # <bos>, the digits and '>': the whole prompt, no more
+            assert (labels[:start] == -100).all() and torch.equal(labels[start:], ids[start:])
+    lengths, char_lengths = splits["train"].lengths(), digits_sort["train"].lengths()
+    assert (lengths <= char_lengths).all() and (lengths < char_lengths).any()  # "12" is one token
+    assert 200 in torch.cat(splits["train"].input_ids).tolist()
+
+
+def test_digit_tasks_leave_out_the_start_token_a_hub_tokenizer_lacks(fake_hub_tokenizer):
+    hub, with_bos = fake_hub_tokenizer(bos_token_id=None), fake_hub_tokenizer()
+    data = text.load_text_splits("digits_source", 8, 4, 4, seq_len=SEQ_LEN, tokenizer=hub)["train"]
+    bos = text.load_text_splits("digits_source", 8, 4, 4, seq_len=SEQ_LEN, tokenizer=with_bos)["train"]
+    for i in range(8):
+        ids, start = data.input_ids[i], data.answer_start(i)
+        assert torch.equal(bos.input_ids[i], torch.cat([torch.tensor([1]), ids])) and start == bos.answer_start(i) - 1
+        assert ids[0] >= 100 and ids[-1] == 2 and hub.decode(ids[:start]).endswith(">")
+        assert (data.labels[i][:start] == -100).all() and torch.equal(data.labels[i][start:], ids[start:])
+        assert hub.decode(ids[start:]) == hub.decode(ids[:start - 1])[::-1]
+
+
+def test_digit_tasks_in_a_hub_tokenizer_refuse_a_seq_len_below_their_longest_example(fake_hub_tokenizer):
+    hub, longest = fake_hub_tokenizer(), 26  # these 16 examples' longest: 27 characters, one "12" among them
+    with_chars = text.load_text_splits("digits_sort", 8, 4, 4, seq_len=64)
+    assert max(int(d.lengths().max()) for d in with_chars.values()) == longest + 1 == text.tasks.DIGITS_LONGEST
+    fits = text.load_text_splits("digits_sort", 8, 4, 4, seq_len=longest, tokenizer=hub)
+    assert int(max(d.lengths().max() for d in fits.values())) == longest == fits["train"].seq_len
+    with pytest.raises(ConfigError, match=rf"seq_len={longest - 1} is not allowed: at least {longest} for digits_sort "
+                                          rf"tokenized by 'fake/digits' \(its longest example has {longest} tokens\)"
+                                          r"; it is never truncated"):
+        text.load_text_splits("digits_sort", 8, 4, 4, seq_len=longest - 1, tokenizer=hub)
+
+
 def test_splits_are_deterministic_disjoint_and_keep_test_when_train_grows(digits_sort):
     again = text.load_text_splits("digits_sort", 256, 64, 64, seq_len=SEQ_LEN, seed=0)
     assert all(torch.equal(a, b) for a, b in zip(digits_sort["train"].input_ids, again["train"].input_ids, strict=True))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit import cli, models, text
+from labkit import cli, models, text, train_lm
 from labkit.techniques.token_loss import forward_inputs, micro_batch_loss, split_rows, token_loss_sum
 from labkit.train import Trainer
 
@@ -79,6 +79,57 @@ def test_packed_rows_give_the_padded_loss():
         mean = float(model(**padded.model_inputs()).loss)  # transformers' own mean over the label tokens
     assert float(loss_packed) == pytest.approx(float(loss_padded), rel=1e-5)
     assert float(loss_padded) == pytest.approx(mean, rel=1e-5)
+
+
+@pytest.fixture
+def fresh_text_splits():
+    """`train_lm.text_splits` caches splits per session: a faked tokenizer's must not outlive its test."""
+    train_lm.text_splits.cache_clear()
+    yield
+    train_lm.text_splits.cache_clear()
+
+
+def test_a_pretrained_hub_model_gets_digits_sort_in_its_own_tokens_and_its_weights(monkeypatch, fake_hub_tokenizer,
+                                                                                   fresh_text_splits):
+    transformers = pytest.importorskip("transformers")
+    repo, calls = models.HUB_MODELS["smollm2_135m"].repo, []
+
+    def hub_tokenizer(name):
+        calls.append(("tokenizer", name))
+        return fake_hub_tokenizer(name=repo), None
+
+    def weights(repo, **kwargs):
+        calls.append(("weights", repo))
+        config = models.hub_config("smollm2_135m", kwargs["attn_implementation"], num_hidden_layers=1, vocab_size=256)
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+    monkeypatch.setattr(models, "hub_tokenizer", hub_tokenizer)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", weights)
+    cfg = labkit.RunConfig(model="smollm2_135m", dataset="digits_sort", batch_size=2, max_steps=2, train_size=8)
+    splits = labkit.train.run_splits(cfg)
+    chars = labkit.train.run_splits(cfg.replace(pretrained=False))  # random weights: labkit's characters
+    assert calls == [("tokenizer", "smollm2_135m")] and chars["train"].tokenizer.name == "chars"
+    hub = splits["train"].tokenizer
+    assert hub.name == repo and splits["train"].input_ids[0][0] == 1 and splits["train"].input_ids[0][1] >= 100
+    for split in text.tasks.SPLITS:  # the same prompts, in other ids
+        assert [hub.decode(ids) for ids in splits[split].input_ids] == \
+            [chars[split].tokenizer.decode(ids) for ids in chars[split].input_ids]
+    _, weights_info = models.build_language_model("smollm2_135m", hub.vocab_size, tokenizer=hub)
+    assert weights_info.source == f"hub:{repo}" and weights_info.warning is None
+    assert calls == [("tokenizer", "smollm2_135m"), ("weights", repo)]
+
+
+def test_digits_sort_falls_back_to_the_characters_without_the_hub_tokenizer(monkeypatch, capsys, fresh_text_splits):
+    offline = train_lm.text_splits("digits_sort", 8, 4, 4, 32, "smollm2_135m")  # $LABKIT_OFFLINE=1: no download
+    assert offline["train"].tokenizer.name == "chars" and capsys.readouterr().out == ""
+    monkeypatch.setattr(models, "hub_tokenizer", lambda name: (None, "its tokenizer could not be downloaded"))
+    monkeypatch.setattr(models, "is_online", lambda: True)
+    train_lm.text_splits.cache_clear()  # the same arguments again
+    failed = train_lm.text_splits("digits_sort", 8, 4, 4, 32, "smollm2_135m")
+    assert failed["train"].tokenizer.name == "chars"
+    assert all(torch.equal(a, b) for a, b in zip(failed["train"].input_ids, offline["train"].input_ids, strict=True))
+    assert " ".join(capsys.readouterr().out.split()) == ("labkit note: digits_sort is tokenized by labkit's character "
+                                                         "tokenizer: its tokenizer could not be downloaded")
 
 
 def test_token_loss_sum_ignores_unlabelled_positions():

@@ -93,11 +93,13 @@ def step_flops_extra(model: torch.nn.Module, batch: text.TokenBatch, device) -> 
 def text_splits(name: str, train_size: int, val_size: int, test_size: int, seq_len: int,
                  hub_model: str | None = None) -> dict:
     """A language-model dataset's splits, loaded once per session and size; for a hub model (``hub_model``, when its
-    pretrained weights are asked for) pydoc_text is tokenized by its own tokenizer, which the weights need. Offline, or
-    when that download fails, labkit's BPE instead (the model then starts from random weights, and says so)."""
+    pretrained weights are asked for) every dataset (the digit tasks and pydoc_text) is tokenized by the model's own
+    tokenizer, which its pretrained embeddings need. Offline, or when that download fails, labkit's own instead (the
+    digits' characters, pydoc_text's BPE): the model then starts from random weights, and says so."""
     tokenizer = None
-    if hub_model is not None and name == "pydoc_text":
+    if hub_model is not None:
         tokenizer, why = models.hub_tokenizer(hub_model)
         if tokenizer is None and models.is_online():
-            note(f"pydoc_text is tokenized by labkit's BPE: {why}")
+            own = "BPE" if name == "pydoc_text" else "character tokenizer"
+            note(f"{name} is tokenized by labkit's {own}: {why}")
     return text.load_text_splits(name, train_size, val_size, test_size, seq_len, seed=0, tokenizer=tokenizer)

@@ -7,12 +7,15 @@
 - ``pydoc_text``: the paragraphs of the Python documentation (`pydoc_documents`) in the BPE's tokens: real text
   of uneven lengths, for padding against packing. Loss on every token.
 
-Every example starts with ``<bos>`` and ends with ``<eos>``. Labels are the input ids with -100 (ignored by
-``cross_entropy``) wherever no loss is wanted: the prompt and separator of the digit tasks (loss on the answer and its
-``<eos>`` only), and always the first token, which nothing in its document predicts, so that a packed row's labels
-never ask one document to predict the next. Lengths against ``seq_len``: the digit tasks refuse a ``seq_len``
-below their longest example (cutting it would cut the answer); ``pydoc_text`` truncates each paragraph to
-``seq_len`` tokens, as ``truncation=True`` does in transformers, and counts them (`TokenData.num_truncated`).
+Every example starts with ``<bos>`` and ends with ``<eos>`` (no ``<bos>`` where a hub model's tokenizer has none).
+Each task has labkit's tokenizer (the digits' characters, pydoc_text's BPE) or takes a hub model's own, whose
+pretrained embeddings need its ids; the digit tasks then hold the same strings in other ids. Labels are the input
+ids with -100 (ignored by ``cross_entropy``) wherever no loss is wanted: the prompt and separator of the digit tasks
+(loss on the answer and its ``<eos>`` only), and always the first token, which nothing in its document predicts, so
+that a packed row's labels never ask one document to predict the next. Lengths against ``seq_len``: the digit
+tasks refuse a ``seq_len`` below their longest example (cutting it would cut the answer; with another tokenizer than
+their characters, counted in its tokens); ``pydoc_text`` truncates each paragraph to ``seq_len`` tokens, as
+``truncation=True`` does in transformers, and counts them (`TokenData.num_truncated`).
 
 Splits never share an example. The digit tasks draw distinct strings from one generator seeded by the dataset
 and ``seed``: test first, then val, then train, so the test split stays the same when ``train_size`` changes.
@@ -31,7 +34,7 @@ from ..data import SPLITS
 from ..errors import ConfigError
 from ..validate import is_int
 from .bpe import pydoc_bpe, pydoc_documents
-from .chars import BOS_ID, EOS_ID, CharTokenizer
+from .chars import CharTokenizer
 
 IGNORE_INDEX = -100  # labels with this value take no part in the loss (torch's cross_entropy default)
 TEXT_DATASETS = ("digits_source", "digits_sort", "pydoc_text")
@@ -138,8 +141,8 @@ def load_text_splits(name: str, train_size: int, val_size: int, test_size: int, 
         test_size: examples in the test split.
         seq_len: the most tokens per example: the digit tasks refuse less than their longest, pydoc_text truncates.
         seed: which examples (digit tasks) or which permutation of the paragraphs (pydoc_text).
-        tokenizer: pydoc_text's tokenizer (None: labkit's BPE), e.g. a hub model's own (`HubTokenizer`); the digit
-            tasks always use their characters.
+        tokenizer: what turns the text into ids, e.g. a hub model's own (`HubTokenizer`); None: labkit's own, the
+            digit tasks' `CharTokenizer` (one id per character) and pydoc_text's BPE (`pydoc_bpe`).
 
     Example:
         >>> splits = labkit.text.load_text_splits("pydoc_text", 512, 128, 256, seq_len=256)
@@ -159,15 +162,16 @@ def load_text_splits(name: str, train_size: int, val_size: int, test_size: int, 
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([zlib.crc32(name.encode()), seed])))
     if name == "pydoc_text":
         return _pydoc_splits(sizes, seq_len, rng, tokenizer or pydoc_bpe())
-    return _digit_splits(name, sizes, seq_len, rng)
+    return _digit_splits(name, sizes, seq_len, rng, tokenizer or CharTokenizer())
 
 
-def _digit_splits(name: str, sizes: dict, seq_len: int, rng: np.random.Generator) -> dict[str, TokenData]:
-    longest = DIGITS_LONGEST
-    if seq_len < longest:
-        raise ConfigError("seq_len", seq_len, f"at least {longest} for {name} (its longest example: "
+def _digit_splits(name: str, sizes: dict, seq_len: int, rng: np.random.Generator,
+                  tok=None) -> dict[str, TokenData]:
+    tok = tok or CharTokenizer()
+    if isinstance(tok, CharTokenizer) and seq_len < DIGITS_LONGEST:  # known before drawing: one id per character
+        raise ConfigError("seq_len", seq_len, f"at least {DIGITS_LONGEST} for {name} (its longest example: "
                           f"{DIGITS_LENGTHS[1]} digits, '>', the answer and <bos>/<eos>); it is never truncated")
-    tok, task = CharTokenizer(), _DIGIT_TASKS[name]
+    task = _DIGIT_TASKS[name]
     total, seen, prompts = sum(sizes.values()), set(), []
     while len(prompts) < total:  # distinct strings, so that no split holds another's example
         num_digits = int(rng.integers(DIGITS_LENGTHS[0], DIGITS_LENGTHS[1] + 1))
@@ -175,13 +179,21 @@ def _digit_splits(name: str, sizes: dict, seq_len: int, rng: np.random.Generator
         if digits not in seen:
             seen.add(digits)
             prompts.append(digits)
+    # The prompts above are drawn before any tokenizing, so every tokenizer's splits hold the same digit strings.
+    start_ids = [] if tok.bos_id is None else [tok.bos_id]  # Qwen2.5's tokenizer has no start token
+    examples = []
+    for digits in prompts:
+        prompt, answer = [*start_ids, *tok.encode(digits + ">")], [*tok.encode(task(digits)), tok.eos_id]
+        examples.append((prompt + answer, [IGNORE_INDEX] * len(prompt) + answer))
+    longest = max(len(ids) for ids, _ in examples)
+    if longest > seq_len:  # another tokenizer's count is known only now; cutting an example would cut its answer
+        raise ConfigError("seq_len", seq_len, f"at least {longest} for {name} tokenized by {tok.name!r} (its longest "
+                          f"example has {longest} tokens); it is never truncated")
     splits, start = {}, 0
     for split, size in sizes.items():
-        input_ids, labels = [], []
-        for digits in prompts[start:start + size]:
-            prompt, answer = [BOS_ID, *tok.encode(digits + ">")], [*tok.encode(task(digits)), EOS_ID]
-            input_ids.append(torch.tensor(prompt + answer, dtype=torch.int64))
-            labels.append(torch.tensor([IGNORE_INDEX] * len(prompt) + answer, dtype=torch.int64))
+        chosen = examples[start:start + size]
+        input_ids = [torch.tensor(ids, dtype=torch.int64) for ids, _ in chosen]
+        labels = [torch.tensor(example_labels, dtype=torch.int64) for _, example_labels in chosen]
         splits[split] = TokenData(name, split, input_ids, labels, tok, seq_len)
         start += size
     return {split: splits[split] for split in SPLITS}
