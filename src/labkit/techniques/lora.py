@@ -16,10 +16,11 @@ frozen and learns that change as a product of two thin matrices, ``ΔW = (alpha 
 
 - `LoRALinear`: one adapted Linear (any ``nn.Linear``, bitsandbytes' 4-bit ``Linear4bit`` included: QLoRA).
 - `add_lora`: adapt every Linear whose qualified name ends with one of ``targets``; freeze everything else
-  but a labkit model's head. It works on any ``nn.Module`` (labkit's models, transformers models). After it,
+  but a labkit vision model's head. It works on any ``nn.Module`` (labkit's models, transformers models). After it,
   the parameters that train are the adapters (names contain ``lora_``) and, for a model from
   ``labkit.models.build``, its head (a new task's classifier has to learn from scratch); everything else has
-  ``requires_grad=False``.
+  ``requires_grad=False``. A language model's output layer is pretrained for the vocabulary it keeps, so it
+  stays frozen, as PEFT leaves it.
 - `lora_layers`, `merge_lora`, `unmerge_lora`, `merge_and_unload`, `lora_state_dict`, `linear_names`,
   `matching_linears`, `adapter_numel`: inspect, merge, save.
 
@@ -176,6 +177,16 @@ def _labkit_head(model: nn.Module) -> nn.Module | None:
         return None
 
 
+def trained_head(model: nn.Module) -> nn.Module | None:
+    """The stage `add_lora` trains in full beside the adapters: a labkit vision model's head, else None.
+
+    A new task's classifier learns from scratch; a language model's output layer is pretrained for the vocabulary
+    it keeps and stays frozen, as PEFT leaves it (its ``modules_to_save`` names what else to train).
+    """
+    inner = models.unwrap(model)
+    return None if models.is_language_model(getattr(inner, "labkit_name", None)) else _labkit_head(inner)
+
+
 def matching_linears(model: nn.Module, targets) -> list[str]:
     """The Linear layers ``targets`` names; raises `ConfigError` for a target that names no Linear layer.
 
@@ -223,7 +234,7 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
 
 def add_lora(model: nn.Module, rank: int, alpha: float, targets, dropout: float = 0.0,
              dtype: torch.dtype | None = None) -> nn.Module:
-    """Replace each Linear that ``targets`` names by a `LoRALinear` and freeze the rest but a labkit model's head.
+    """Replace each Linear that ``targets`` names by a `LoRALinear`; freeze the rest but `trained_head`.
 
     Args:
         model: changed in place and returned.
@@ -251,8 +262,8 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets, dropout: float 
                           f"at most min(in, out) of every chosen layer; too small for {_shorten(too_small, 4)}")
     for p in model.parameters():
         p.requires_grad_(False)
-    head = _labkit_head(models.unwrap(model))
-    if head is not None:  # a new task's classifier learns from scratch
+    head = trained_head(model)
+    if head is not None:
         head.requires_grad_(True)
     for name in names:
         _set_submodule(model, name, LoRALinear(modules[name], rank, alpha, dropout, dtype=dtype))

@@ -33,6 +33,7 @@ def _bitsandbytes(method: str):
     return bitsandbytes
 
 BNB_CPU_BLOCK_N = 32  # bitsandbytes' CPU 4-bit kernel packs a weight's outputs 32 at a time
+NF4_BLOCK_SIZE = 64  # weights per absmax; the CPU kernel reads a row's scales as in_features / 64 of them
 
 
 def bnb_quantize(model: nn.Module, method: str, names: list[str]) -> nn.Module:
@@ -41,14 +42,16 @@ def bnb_quantize(model: nn.Module, method: str, names: list[str]) -> nn.Module:
     device = model_device(model)
     if method == "nf4_bnb" and device.type == "cpu":
         # On CPUs with AVX512-BF16, bitsandbytes repacks a 4-bit weight for its CPU kernel at the first eval
-        # forward and fails unless the layer's outputs are a multiple of 32 (a 10-class head is not): such
-        # layers stay in float, and the model records which.
-        kept = [n for n in names if model.get_submodule(n).out_features % BNB_CPU_BLOCK_N]
+        # forward and fails unless the layer's outputs are a multiple of 32 (a 10-class head is not) and its inputs
+        # a multiple of 64 (tiny_llama's 344-wide down_proj is not): such layers stay in float, and the model
+        # records which.
+        kept = [n for n in names if model.get_submodule(n).out_features % BNB_CPU_BLOCK_N
+                or model.get_submodule(n).in_features % NF4_BLOCK_SIZE]
         names = [n for n in names if n not in kept]
         model.labkit_kept_float = kept
         if not names:
             raise UnsupportedError("method", method, f"bitsandbytes' CPU 4-bit kernel needs Linear layers with a "
-                                   f"multiple of {BNB_CPU_BLOCK_N} outputs, "
+                                   f"multiple of {BNB_CPU_BLOCK_N} outputs and {NF4_BLOCK_SIZE} inputs, "
                                    f"and this model has none ({', '.join(kept)})",
                                    "the 8-bit methods")
     for name in names:
