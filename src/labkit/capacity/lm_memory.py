@@ -86,11 +86,22 @@ def lora_parameters(shape: DecoderShape, rank: int, targets=("q_proj", "v_proj")
 
 def layer_activation_bytes(shape: DecoderShape, precision: str = "fp32", attn_implementation: str = "sdpa",
                            seq_len: int = 512, lora_rank: int = 0, lora_targets=()) -> float:
-    """Bytes one decoder layer keeps per token for the backward pass (see the module docstring for the terms)."""
+    """Bytes one decoder layer keeps per token for the backward pass (see the module docstring for the terms).
+
+    With ``lora_rank`` the base is frozen, and a frozen Linear keeps no input (its weight takes no gradient): a
+    projection's input is kept only where an adapter reads it, the RMSNorms keep only their fp32 input.
+    """
     a, h, i = _HALF[precision], shape.hidden_size, shape.intermediate_size
     kv, heads = shape.num_key_value_heads * shape.head_dim, shape.num_attention_heads
-    per_token = 2 * h * (8 + a) + a * (3 * h + 2 * kv) + 4 * heads + 4 * a * i
-    per_token += a * lora_rank * len(lora_targets)
+    attention = a * (h + 2 * kv) + a * h + 4 * heads  # rotated q, k, v, SDPA's output and log-sum-exp
+    if not lora_rank:
+        per_token = 2 * h * (8 + a) + attention + a * h + 4 * a * i  # + o_proj's and down_proj's inputs
+    else:
+        adapted = set(lora_targets)
+        per_token = 2 * 4 * h + attention + 3 * a * i  # the norms' fp32 inputs; gate's, up's and SiLU's outputs
+        per_token += a * h * (bool(adapted & {"q_proj", "k_proj", "v_proj"}) + ("o_proj" in adapted)
+                              + bool(adapted & {"gate_proj", "up_proj"}))
+        per_token += a * i * ("down_proj" in adapted) + a * lora_rank * len(adapted)  # and each adapter's A x
     if attn_implementation == "eager":
         per_token += heads * seq_len * (4 + (a if a != 4 else 0)) + 2 * a * (h - kv)
     return per_token
@@ -138,7 +149,10 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     tokens = seq_len * micro_batch
     kept = tokens * 4 * shape.hidden_size * shape.num_hidden_layers if checkpointing else 0  # each layer's input
     layers = tokens * layer * (1 if checkpointing else shape.num_hidden_layers)  # one recomputed at a time
-    final_norm = tokens * shape.hidden_size * (8 + a)
+    if rank and not checkpointing:  # below the first adapter nothing needs a gradient: layer 0's norm keeps nothing
+        layers -= tokens * 4 * shape.hidden_size
+    # the final RMSNorm's fp32 input, and with a trained output layer its normalized value and the layer's input
+    final_norm = tokens * shape.hidden_size * (4 if rank else 8 + a)
     out = {"weights": weights, "gradients": state["gradients"], "optimizer_state": state["optimizer_state"],
            "activations": kept + layers + final_norm,
            "logits": tokens * shape.vocab_size * (12 + (a if a == 2 else 0))}

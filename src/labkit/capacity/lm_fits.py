@@ -1,0 +1,56 @@
+"""What fits a GPU: fine-tuning memory by formula (`lm_training_memory`) for decoder models of 0.1B to 7B parameters,
+each fully fine-tuned, with LoRA and with QLoRA, against a T4's usable memory and the learner's own GPU.
+
+Notebooks 08 (LoRA) and 10 (language models) print it; `lm_training_memory` states its error against measured peaks.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from ..models.hub import DecoderShape
+from .lm_memory import decoder_shape, lm_training_memory
+
+T4_USABLE_BYTES = 15 * 2**30  # a T4's 16 GiB, less what CUDA's context and the allocator's caching take
+# mistralai/Mistral-7B-v0.1's config.json (Apache-2.0): not built by labkit, only sized here.
+MISTRAL_7B = DecoderShape(4096, 14336, 32, 32, 8, 32000, False, 32768)
+SIZES = {"SmolLM2-135M": "smollm2_135m", "Qwen2.5-0.5B": "qwen2.5_0.5b", "Qwen2.5-1.5B": "qwen2.5_1.5b",
+         "Mistral-7B": MISTRAL_7B}
+METHOD_NAMES = {"full": "full fine-tune", "lora": "LoRA", "qlora": "QLoRA"}
+SETTINGS = {"seq_len": 512, "micro_batch": 4, "precision": "fp16", "checkpointing": True, "lora_rank": 16,
+            "lora_targets": "all"}
+
+
+def own_gpu_bytes() -> int | None:
+    """This machine's first GPU's memory in bytes, or None without one."""
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+
+
+def fits_table(gpu_bytes: int | None = None, **settings) -> pd.DataFrame:
+    """Fine-tuning memory for each model in `SIZES` x full / LoRA / QLoRA, and whether it fits a T4 and your GPU.
+
+    Args:
+        gpu_bytes: your GPU's memory (None: this machine's, if it has one).
+        settings: `lm_training_memory` arguments replacing `SETTINGS` (512 tokens x 4 rows, fp16 autocast,
+            per-layer checkpointing, rank-16 adapters on every linear layer, AdamW).
+
+    Returns:
+        A frame: ``model``, ``num_params``, ``method``, ``total_bytes``, ``fits_t4``, ``fits_your_gpu`` (``no GPU``
+        without one), and the categories (``weights_bytes``, ...).
+
+    Example:
+        >>> fits_table()[["model", "method", "total_bytes", "fits_t4"]]
+    """
+    settings = {**SETTINGS, **settings}
+    gpu_bytes = own_gpu_bytes() if gpu_bytes is None else gpu_bytes
+    rows = []
+    for label, model in SIZES.items():
+        for method, name in METHOD_NAMES.items():
+            parts = lm_training_memory(model, method, **settings)
+            total = parts.pop("total")
+            rows.append({"model": label, "num_params": decoder_shape(model).num_parameters(), "method": name,
+                         "total_bytes": total, "fits_t4": "yes" if total <= T4_USABLE_BYTES else "no",
+                         "fits_your_gpu": "no GPU" if gpu_bytes is None else ("yes" if total <= gpu_bytes else "no"),
+                         **{f"{k}_bytes": v for k, v in parts.items()}})
+    return pd.DataFrame(rows)
