@@ -36,7 +36,7 @@ SOLUTIONS = {
     "06.nf4_bytes": 7 * (0.5 + 4 / 64),    # 3.9375 GB
     "07.own_efficiency": 176 / (2 * 134),  # 0.657
     "07.ring_bytes": 2 * 7 / 8 * 0.496,    # 124e6 x 4 B = 0.496 GB; x 2 x 7/8 = 0.868 GB
-    "08.own_count": 5_642 + (34_314 - 5_642) / 14 * 30,  # 2,048 per rank: 66,090
+    "08.own_count": 4_096 + (16_384 - 4_096) / 6 * 14,  # 2,048 per rank: 32,768
     "08.adam_state": 32 * 2 * 8 * 8192 * 2 * 4 / 1e6,   # 4,194,304 parameters x 8 B = 33.55 MB
     "09.own_stack": 3.67 * 1.0 * 0.95 * 0.51,    # 1.7781
     "10.logits_gib": 8 * 2048 * 128256 * 4 / 2**30,  # 7.83
@@ -64,7 +64,7 @@ WRONG = {
     "06.nf4_bytes": (3.5, "every block of 64 also stores a 4-byte float32 scale"),  # the 4-bit weights alone
     "07.own_efficiency": (176 / 134, "that is the speed-up T1 / TN"),  # forgot to divide by N
     "07.ring_bytes": (0.434, "that is one phase"),  # (N-1)/N only
-    "08.own_count": (34_314 * 2, "scale the whole count with the rank"),  # the head grew too
+    "08.own_count": (16_384 * 4, "grow faster than the rank"),  # grown with the rank's square
     "08.adam_state": (16.78, "half the answer"),  # one AdamW state only
     "09.own_stack": (3.67 - 0.05 - 0.49, "ratios multiply"),  # the savings added up
     "10.logits_gib": (8 * 2048 * 128256 * 2 / 2**30, "upcasts the logits to float32"),  # bf16's 2 bytes

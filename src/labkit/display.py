@@ -141,6 +141,12 @@ METRICS: dict[str, Metric] = {
     "grad_diff": _m("relative gradient difference"),
     "bytes_per_token": _m("KV cache per token (formula)", BYTES),
     "measured_bytes_per_token": _m("KV cache per token (measured)", BYTES),
+    # LoRA and QLoRA on the language model (notebook 08)
+    "exact_match": _m("exact match", "%", 100.0),
+    "bits_per_4bit_weight": _m("bits per 4-bit weight (scales included)"),
+    "estimate_bytes": _m("formula's peak", BYTES),
+    "estimate_error": _m("formula against measured", "%", 100.0),
+    "tokens_per_step": _m("tokens a step"),
     **{f"mem_{c}_bytes": _m(f"memory: {c.replace('_', ' ')}", BYTES) for c in MEMORY_CATEGORIES},
 }
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import labkit
-from labkit.labs import memory_savers
+from labkit.labs import lora, memory_savers
 from labkit.techniques import checkpointing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,13 +123,15 @@ def test_07s_equivalence_check_allows_gpu_drift_after_the_first_steps():
 
 
 def test_08s_qlora_check_holds_where_nf4_does_not_run_and_catches_a_wrong_share():
-    check = cell_with("08_lora.ipynb", "its frozen weights take about a quarter of bf16's")
+    check = cell_with("08_lora.ipynb", "its 4-bit weights take 4.127 bits each")
     reason = "bitsandbytes is not installed (pip install bitsandbytes)"
-    refused = pd.DataFrame({"setup": ["16-bit base", "NF4 base (QLoRA)", "NF4 base, float32 out"],
-                            "error": [None, reason, reason], "base_weight_bytes": [1_048_576, np.nan, np.nan],
-                            "num_trainable_params": [99_850, np.nan, np.nan]})
-    exec(check, {"qlora": refused})
-    ran = refused.assign(error=None, base_weight_bytes=[1_048_576, 270_336, 270_336], num_trainable_params=99_850)
-    exec(check, {"qlora": ran})
+    refused = pd.DataFrame({"setup": ["16-bit base", "NF4 base (QLoRA)"], "error": [None, reason],
+                            "base_weight_bytes": [1_048_576, np.nan], "bits_per_4bit_weight": [np.nan, np.nan],
+                            "num_trainable_params": [99_850, np.nan]})
+    lab = lora
+    exec(check, {"qlora": refused, "lab": lab})
+    ran = refused.assign(error=None, base_weight_bytes=[1_048_576, 270_336], bits_per_4bit_weight=[np.nan, 4.127],
+                         num_trainable_params=99_850)
+    exec(check, {"qlora": ran, "lab": lab})
     with pytest.raises(AssertionError):  # 8-bit storage is not NF4
-        exec(check, {"qlora": ran.assign(base_weight_bytes=[1_048_576, 540_000, 540_000])})
+        exec(check, {"qlora": ran.assign(bits_per_4bit_weight=[np.nan, 8.125]), "lab": lab})

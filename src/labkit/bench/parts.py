@@ -164,9 +164,9 @@ def dp_vs_ddp_07(vit: RunConfig) -> Part:
     return Part("dp-vs-ddp", rows=comparison.frame, extras={"finding": str(comparison.finding())})
 
 
-def qlora_08(vit: RunConfig) -> Part:
+def qlora_08(lm: RunConfig) -> Part:
     """Notebook 08: LoRA on an NF4 base (QLoRA) against a 16-bit base: memory and step time."""
-    frame = lora.qlora_comparison(vit, rank=8)
+    frame = lora.qlora_comparison(lm, rank=8)
     return Part("qlora", rows=frame, extras={"versions": lora.library_versions()})
 
 

@@ -31,7 +31,7 @@ part                  s    what costs
 05 levels             55   5 runs, the frozen ones faster
 06 methods            70   tiny_vit fine-tune; 8 methods x 2 models built, timed, scored
 07 dp-vs-ddp          45   2+ GPUs only: torchrun start-up, DDP and DataParallel runs
-08 qlora              20   tiny_vit, 3 runs of 20 steps
+08 qlora              20   Qwen2.5-1.5B (08's QLoRA model), 2 runs of 20 steps
 09 profiler           15   2 x (2 warm-up steps + 1 profiled step, a trace)
 ====================  ===  ===========================================================
 
@@ -112,8 +112,8 @@ GPU_SUITE = (
               "GPU latency of fp16, bf16, torchao int8/int4 (tinygemm, sm80+), bitsandbytes int8/NF4, both models"),
     SuitePart("07_distributed", "dp-vs-ddp", parts.dp_vs_ddp_07, ("ddp",), 45,
               "DataParallel against DDP over NCCL (2+ GPUs; one GPU: not run)"),
-    SuitePart("08_lora", "qlora", parts.qlora_08, ("vit",), 20,
-              "LoRA on an NF4 base against a 16-bit base: memory and step time (3 runs of 20 steps)"),
+    SuitePart("08_lora", "qlora", parts.qlora_08, ("lm",), 20,
+              "LoRA on an NF4 base against a 16-bit base: memory and step time (2 runs of 20 steps)"),
     SuitePart("09_recipe", "profiler", parts.profiler_09, ("cnn",), 15,
               "one step under torch.profiler with CUDA activity, fp32 and 16 bits"),
 )
@@ -133,7 +133,7 @@ def _capped(cfg: RunConfig, steps: int) -> RunConfig:
 
 
 def workloads(prof, cfg: RunConfig | None = None) -> dict[str, Callable[[], RunConfig]]:
-    """The suite's fine-tunes by key (``cnn``, ``vit``, ``ddp``), as functions that build each one.
+    """The suite's fine-tunes by key (``cnn``, ``vit``, ``ddp``, ``lm``), as functions that build each one.
 
     Each is built when a part first asks for it (`_memoized`), so a failure fails only the parts that need it.
 
@@ -144,10 +144,12 @@ def workloads(prof, cfg: RunConfig | None = None) -> dict[str, Callable[[], RunC
     steps = SUITE_STEPS
 
     def vit() -> RunConfig:
-        return _capped(cfg.replace(model=lora.VIT, image_size=None) if cfg else lora.workload(prof), steps)
+        return _capped(cfg.replace(model="tiny_vit", image_size=None) if cfg else
+                       baseline(prof, model="tiny_vit", image_size=None), steps)
 
     return {"cnn": lambda: _capped(cfg or baseline(prof), steps), "vit": vit,
-            "ddp": lambda: vit() if cfg else _capped(distributed.workload(prof), steps)}
+            "ddp": lambda: vit() if cfg else _capped(distributed.workload(prof), steps),
+            "lm": lambda: _capped(lora.workload(prof), steps)}
 
 
 @contextlib.contextmanager

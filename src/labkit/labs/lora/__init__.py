@@ -1,10 +1,13 @@
-"""Notebook 08 (LoRA and QLoRA): its experiments, one module per section; the notebook explains them.
+"""Notebook 08 (LoRA and QLoRA) on a language model: its experiments, one module per section; the notebook explains.
 
+- `base`: the workload (labkit's pretrained ``tiny_llama``, SmolLM2-135M at ``full``, on ``digits_sort``), LoRA's
+  settings, the optional libraries.
 - `layer`: `BlogLoRALayer`, a LoRA layer as widely copied from blog posts, and what goes wrong with it.
-- `counts`: trainable parameters per rank and targets; the LoRA paper's 294,912; `peft_comparison` against PEFT.
-- `sweep`: `rank_sweep`, rank 1-64 on ``qkv`` and on every Linear layer against full fine-tuning and head-only.
-- `transformer`: a transformers model fine-tuned with PEFT (a hub model at ``full`` online, a local one otherwise).
+- `counts`: trainable parameters per rank and targets; the LoRA paper's 294,912; `peft_comparison` and
+  `peft_roundtrip` against PEFT (outputs, gradients, ``save_pretrained``, reload, merge).
+- `sweep`: `rank_sweep`, rank 1-64 on q,v and on every Linear layer against full fine-tuning and head-only.
 - `qlora`: the base in 4-bit NF4 (bitsandbytes) against a 16-bit base, LoRA on both.
+- `fits`: the memory formula checked against measured peaks, and what fits your GPU.
 - `merge`: merged against unmerged inference; `panel`: the panel's run.
 
 The mechanism is in `labkit.techniques.lora`. PEFT and transformers (the ``lora`` extra) are imported only by the
@@ -14,17 +17,31 @@ functions that use them, so that ``import labkit`` never pays for them.
 from .base import (
     ALPHA,
     ATTENTION,
+    DATASET,
+    FULL_LR,
+    LM_MODELS,
     LORA_LR,
     MERGE_RANK,
+    QLORA_MODELS,
     RANKS,
     TARGETS,
-    VIT,
+    fresh_model,
     library_versions,
     lora_config,
     targets_label,
     workload,
 )
-from .counts import PAPER, copy_adapters, paper_count, peft_comparison, target_table, to_peft
+from .counts import (
+    PAPER,
+    copy_adapters,
+    paper_count,
+    peft_comparison,
+    peft_roundtrip,
+    roundtrip_finding,
+    target_table,
+    to_peft,
+)
+from .fits import CHECK_SEQ_LEN, ESTIMATE_ERROR, check_configs, estimate_check, estimate_finding, gpu_finding, gpu_table
 from .layer import BlogLoRALayer, blog_snippet, blog_snippet_problems
 from .merge import merge_comparison, merge_finding
 from .panel import LoRARun, panel_config, panel_run
@@ -32,34 +49,25 @@ from .qlora import (
     BASE16,
     NF4,
     NF4_BITS,
-    NF4_FLOAT32,
     QLORA_COLUMNS,
     QLORA_STEP_SHARE,
+    base_linear_bytes,
     qlora_comparison,
+    qlora_config,
+    qlora_dtypes,
     qlora_finding,
-    qlora_models,
+    qlora_model,
+    qlora_optimizer,
 )
 from .sweep import own_count_numbers, rank_sweep, sweep_chart_frame, sweep_configs, sweep_finding
-from .transformer import (
-    HUB_MODEL,
-    SMALL_VIT,
-    TRANSFORMER_STEPS,
-    attention_targets,
-    load_transformer,
-    small_vit_from_tiny_vit,
-    transformer_finding,
-    transformer_finetune,
-    transformer_source,
-)
 
 __all__ = [
-    "ALPHA", "ATTENTION", "BASE16", "HUB_MODEL", "LORA_LR", "MERGE_RANK", "NF4", "NF4_BITS",
-    "NF4_FLOAT32",
-    "PAPER", "QLORA_COLUMNS", "QLORA_STEP_SHARE", "RANKS", "SMALL_VIT", "TARGETS", "TRANSFORMER_STEPS", "VIT",
-    "BlogLoRALayer", "LoRARun", "attention_targets", "blog_snippet", "blog_snippet_problems", "copy_adapters",
-    "library_versions", "load_transformer", "lora_config", "merge_comparison", "merge_finding", "own_count_numbers",
-    "paper_count", "panel_config", "panel_run", "peft_comparison", "qlora_comparison", "qlora_finding",
-    "qlora_models", "rank_sweep", "small_vit_from_tiny_vit", "sweep_chart_frame", "sweep_configs", "sweep_finding",
-    "target_table", "targets_label", "to_peft", "transformer_finding", "transformer_finetune", "transformer_source",
-    "workload"
+    "ALPHA", "ATTENTION", "BASE16", "CHECK_SEQ_LEN", "DATASET", "ESTIMATE_ERROR", "FULL_LR", "LM_MODELS", "LORA_LR",
+    "MERGE_RANK", "NF4", "NF4_BITS", "PAPER", "QLORA_COLUMNS", "QLORA_MODELS", "QLORA_STEP_SHARE", "RANKS", "TARGETS",
+    "BlogLoRALayer", "LoRARun", "base_linear_bytes", "blog_snippet", "blog_snippet_problems", "check_configs",
+    "copy_adapters", "estimate_check", "estimate_finding", "fresh_model", "gpu_finding", "gpu_table",
+    "library_versions", "lora_config", "merge_comparison", "merge_finding", "own_count_numbers", "paper_count",
+    "panel_config", "panel_run", "peft_comparison", "peft_roundtrip", "qlora_comparison", "qlora_config",
+    "qlora_dtypes", "qlora_finding", "qlora_model", "qlora_optimizer", "rank_sweep", "roundtrip_finding",
+    "sweep_chart_frame", "sweep_configs", "sweep_finding", "target_table", "targets_label", "to_peft", "workload",
 ]

@@ -14,20 +14,20 @@ EXERCISES = Exercises()
 
 
 def _count_hint(value: float, expected: float) -> str | None:
-    """08.own_count: recognise scaling the whole count with the rank (the head does not grow)."""
+    """08.own_count: recognise a count that grew with the rank's square, or did not grow at all."""
     if value > expected:
-        return "did you scale the whole count with the rank? The head's parameters train at every rank and do not grow"
-    return "did you leave out the head's parameters? They train at every rank"
+        return "did it grow faster than the rank? Each adapted layer trains rank x (in + out): linear in the rank"
+    return "did you keep part of the count fixed? Only the adapters train here, and all of them grow with the rank"
 
 
 EXERCISES.add(Exercise(
     name="08.own_count",
-    template=("In your sweep, LoRA on qkv trained {trainable_low} parameters at rank {rank_low} and {trainable_high} "
-              "at rank {rank_high}. How many will it train at rank {rank_new}?"),
-    numbers={"rank_low": 2, "trainable_low": 5_642, "rank_high": 16, "trainable_high": 34_314, "rank_new": 32},
+    template=("In your sweep, LoRA on q_proj and v_proj trained {trainable_low} parameters at rank {rank_low} and "
+              "{trainable_high} at rank {rank_high}. How many will it train at rank {rank_new}?"),
+    numbers={"rank_low": 2, "trainable_low": 4_096, "rank_high": 8, "trainable_high": 16_384, "rank_new": 16},
     solution="trainable_low + (trainable_high - trainable_low) / (rank_high - rank_low) * (rank_new - rank_low)",
-    hint=("the adapters grow linearly with the rank (rank x (in + out) per layer); the head's parameters do not "
-          "grow: find the count per rank from your two rows, then add it for the missing ranks"),
+    hint=("the adapters grow linearly with the rank (rank x (in + out) per adapted layer), and on a language model "
+          "nothing else trains: find the count per rank from your two rows"),
     rel_tol=0.005,
     diagnose=_count_hint,
     from_run=("rank_low", "trainable_low", "rank_high", "trainable_high", "rank_new"),

@@ -1,7 +1,8 @@
 """Section 7 of notebook 08: merged against unmerged inference, outputs and CPU latency.
 
-`merge_comparison` times the plain base model, the fine-tuned LoRA model unmerged and merged
-(`merge_and_unload`), and the base again, in turns: the base's two timings are this machine's noise.
+`merge_comparison` times one forward pass over a batch of test prompts (the profile's ``latency_batch`` rows) for
+the plain base model, the fine-tuned LoRA model unmerged and merged (`merge_and_unload`), and the base again, in
+turns: the base's two timings are this machine's noise.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import math
 
 import pandas as pd
 import torch
+from torch import nn
 
-from ... import results
+from ... import results, train
 from ...config import RunConfig
 from ...env import profile
-from ...inference import example_batch, latencies
+from ...inference import latencies
 from ...messages import worded
 from ...techniques.lora import lora_layers, merge_and_unload
 from .base import MERGE_RANK, fresh_model, lora_config
@@ -23,8 +25,28 @@ from .base import MERGE_RANK, fresh_model, lora_config
 SETUPS = ("base model (no adapters)", "LoRA, unmerged", "LoRA, merged", "base model, timed again")
 
 
-def merge_comparison(cfg: RunConfig, rank: int = MERGE_RANK, targets="qkv", refresh: bool = False) -> pd.DataFrame:
-    """CPU latency at the profile's ``latency_batch`` and the largest output difference of `SETUPS` (cached).
+class _Logits(nn.Module):
+    """A causal LM called on input ids alone, returning its logits (what `latencies` times and compares)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def _prompt_ids(cfg: RunConfig, rows: int) -> torch.Tensor:
+    """``rows`` test examples as one rectangular batch of ids (the shortest length among them; a tiny split repeats)."""
+    test = train.run_splits(cfg, training=False)["test"]
+    chosen = [test[i % len(test)]["input_ids"] for i in range(rows)]
+    width = min(len(ids) for ids in chosen)
+    return torch.stack([ids[:width] for ids in chosen])
+
+
+def merge_comparison(cfg: RunConfig, rank: int = MERGE_RANK, targets="q_proj,v_proj",
+                     refresh: bool = False) -> pd.DataFrame:
+    """CPU latency of a forward pass over ``latency_batch`` prompts, and the largest output difference, of `SETUPS`.
 
     Args:
         cfg: the workload. rank, targets: the fine-tuned LoRA model's (`lora_config`, trained by `rank_sweep`).
@@ -40,10 +62,10 @@ def merge_comparison(cfg: RunConfig, rank: int = MERGE_RANK, targets="qkv", refr
 
 def _measure_merge(cfg: RunConfig, lora_cfg: RunConfig) -> pd.DataFrame:
     trained, _ = results.cached_model(lora_cfg, progress=False)
-    unmerged = copy.deepcopy(trained).cpu().eval()
+    unmerged = _Logits(copy.deepcopy(trained).cpu()).eval()
     merged = merge_and_unload(copy.deepcopy(unmerged))
-    base = fresh_model(cfg, pretrained=True).eval()
-    x = example_batch(cfg, profile().latency_batch, device=torch.device("cpu"))
+    base = _Logits(fresh_model(cfg, pretrained=True)).eval()
+    x = _prompt_ids(cfg, profile().latency_batch)
     # the base twice, first and last: how far two timings of one model differ here (the machine's noise)
     times = latencies([base, unmerged, merged, copy.deepcopy(base)], x)
     with torch.no_grad():

@@ -1,58 +1,76 @@
-"""Section 6 of notebook 08: QLoRA, LoRA over a 4-bit NF4 base (bitsandbytes' ``Linear4bit``) against a 16-bit base.
+"""Section 5 of notebook 08: QLoRA, LoRA over a 4-bit NF4 base (bitsandbytes' ``Linear4bit``) against a 16-bit base.
 
-Three setups fine-tune LoRA on every Linear layer in 16-bit autocast (bf16; fp16 on a GPU without native bf16,
-`qlora_dtypes`): a 16-bit base; an NF4 base computing in 16 bits and passing them on, as a 16-bit model does
-(QLoRA); and the same NF4 layers as bitsandbytes ships them, which return their input's dtype (float32 after a
-LayerNorm under autocast).
+The model is `QLORA_MODELS`' for the profile (weights matter more in a larger one). Two setups fine-tune LoRA on
+every Linear layer of the decoder in 16-bit autocast (bf16; fp16 on a GPU without native bf16, `qlora_dtypes`): a
+16-bit base, and an NF4 base with double quantization computing in 16 bits and passing them on, as a 16-bit model
+does (QLoRA; bitsandbytes' layers would return their input's dtype). The output layer stays in 16 bits, as QLoRA
+keeps it. On a CPU bitsandbytes' 4-bit kernel takes only layers of 32k outputs and 64k inputs; the others stay in
+16 bits (`labkit.techniques.quantization`), and ``bits_per_4bit_weight`` counts the quantized ones. Where CUDA is
+present the adapters train with bitsandbytes' paged 8-bit AdamW (`qlora_optimizer`), as QLoRA did. Each setup is
+built, trained and dropped in turn, so that a 1.5B model never sits in memory twice.
 """
 
 from __future__ import annotations
 
-import copy
+import gc
 import math
 
 import pandas as pd
 import torch
 from torch import nn
 
-from ... import machine, models, results, train
+from ... import machine, results, train
 from ...config import RunConfig
 from ...env import profile, resolve_device
 from ...messages import worded
 from ...techniques import quantization
-from ...techniques.lora import ALL_LINEAR, add_lora, lora_layers, matching_linears
+from ...techniques.lora import ALL_LINEAR, add_lora, linear_names, lora_layers, matching_linears
 from ...units import mib
-from .base import ALPHA, LORA_LR, fresh_model
+from .base import ALPHA, LORA_LR, QLORA_MODELS, fresh_model
 
-# QLoRA's runs take this share of the profile's steps (at least a few timed ones): memory and step time settle
-# within a few steps, and the bases are compared with each other, at the same steps.
 QLORA_STEP_SHARE = 0.3
-QLORA_COLUMNS = ("setup", "base_weight_bytes", "peak_memory_bytes", "mem_parameters_bytes", "mem_activations_bytes",
-                 "step_time_s", "step_time_p10_s", "step_time_p90_s", "accuracy", "num_trainable_params",
-                 "precision_used", "steps", "error", "warnings")
+QLORA_COLUMNS = ("setup", "model", "base_weight_bytes", "bits_per_4bit_weight", "peak_memory_bytes",
+                 "mem_parameters_bytes", "mem_activations_bytes", "step_time_s", "step_time_p10_s", "step_time_p90_s",
+                 "tokens_per_s", "accuracy", "num_trainable_params", "optimizer", "precision_used", "steps", "error",
+                 "warnings")
 
 
-def _base_linear_bytes(model: nn.Module) -> int:
-    """Bytes of the frozen base Linear layers' weights (4-bit ones with their block scales)."""
-    total = 0
+def _layer_bytes(weight: torch.Tensor) -> tuple[int, int]:
+    """A base weight's bytes, and of them its lookup tables (a 4-bit layer's 256-entry map of its 8-bit scales)."""
+    total, tables = weight.numel() * weight.element_size(), 0
+    state = getattr(weight, "quant_state", None)
+    if state is not None:  # one scale per block of 64; double quantization stores them in 8 bits plus their own
+        total += state.absmax.numel() * state.absmax.element_size()
+        nested = getattr(state, "state2", None)
+        if nested is not None:
+            tables = nested.code.numel() * nested.code.element_size()
+            total += nested.absmax.numel() * nested.absmax.element_size() + tables
+    return total, tables
+
+
+def base_linear_bytes(model: nn.Module) -> tuple[int, float | None]:
+    """Bytes of the frozen base Linear layers' weights (4-bit ones with their block scales and lookup table), and
+    the bits each 4-bit weight takes with its scales (None without 4-bit layers).
+
+    Args:
+        model: a LoRA model (`qlora_model`'s). Each 4-bit layer also keeps a 1 kB lookup table of its 8-bit scales:
+            it counts in the bytes, not in the bits per weight (half a bit a weight on a 128 x 128 layer, 0.001 on
+            a 1.5B model's).
+    """
+    total, packed_bytes, packed_weights = 0, 0, 0
     for layer in lora_layers(model).values():
-        weight = layer.base.weight
-        total += weight.numel() * weight.element_size()
-        state = getattr(weight, "quant_state", None)
-        if state is not None:  # one scale per block of 64; double quantization stores them in 8 bits plus their own
-            total += state.absmax.numel() * state.absmax.element_size()
-            nested = getattr(state, "state2", None)
-            if nested is not None:
-                total += nested.absmax.numel() * nested.absmax.element_size()
-                total += nested.code.numel() * nested.code.element_size()
-    return total
+        size, tables = _layer_bytes(layer.base.weight)
+        total += size
+        if getattr(layer.base.weight, "quant_state", None) is not None:
+            packed_bytes += size - tables
+            packed_weights += layer.base.in_features * layer.base.out_features
+    return total, (8 * packed_bytes / packed_weights if packed_weights else None)
 
 
 NF4 = "NF4 base (QLoRA)"
 # bits per weight of NF4 with double quantization: 4-bit codes, an 8-bit scale per block of 64, a float32 scale per
 # 256 of those (QLoRA's recipe and bitsandbytes' default)
 NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
-NF4_FLOAT32 = "NF4 base, float32 out"
 
 
 BASE16 = "16-bit base"
@@ -72,6 +90,17 @@ def qlora_dtypes(device: torch.device) -> tuple[torch.dtype, torch.dtype, str]:
     return torch.bfloat16, torch.bfloat16, "bf16"
 
 
+def qlora_optimizer(device: torch.device) -> str:
+    """QLoRA's optimizer: bitsandbytes' paged 8-bit AdamW on CUDA (its state pages out on a spike), else AdamW.
+
+    Args:
+        device: where the fine-tune runs (paging needs CUDA's unified memory).
+    """
+    if torch.device(device).type == "cuda" and quantization.installed_version("bitsandbytes"):
+        return "paged_adamw8bit"
+    return "adamw"
+
+
 def _cast_out(dtype: torch.dtype):
     def hook(module: nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
         return output.to(dtype)
@@ -79,42 +108,53 @@ def _cast_out(dtype: torch.dtype):
     return hook
 
 
-def qlora_models(cfg: RunConfig, rank: int = 8) -> dict[str, nn.Module | str]:
-    """LoRA (``all-linear``) on three copies of the pretrained model, by setup name.
+def qlora_model(cfg: RunConfig, setup: str, rank: int = 8) -> nn.Module | str:
+    """LoRA (``all-linear``) of ``rank`` on ``cfg.model`` with the base of ``setup``, or why it cannot run here.
 
     Args:
-        cfg: the workload. rank: the LoRA rank.
-
-    Returns:
-        dict: `BASE16` (16-bit Linear layers, `qlora_dtypes`), `NF4` (QLoRA: ``Linear4bit`` computing in 16 bits
-        and passing them on) and `NF4_FLOAT32` (the same layers as shipped, returning their input's dtype). Where
-        NF4 cannot run, its value is the reason.
+        cfg: the run (`qlora_config`). setup: `BASE16` (16-bit Linear layers, `qlora_dtypes`) or `NF4` (QLoRA:
+            ``Linear4bit`` with double quantization, computing in 16 bits and passing them on). rank: the LoRA rank.
     """
     device = resolve_device(cfg.device)
     half, adapters, _ = qlora_dtypes(device)
+    if setup != BASE16 and (reason := quantization.supported("nf4_bnb", device)) is not None:
+        return reason
     model = fresh_model(cfg, pretrained=True)
-    base = copy.deepcopy(model)
-    for name in matching_linears(base, ALL_LINEAR):
-        base.get_submodule(name).to(half)
-    built = {BASE16: add_lora(base, rank, ALPHA, ALL_LINEAR, dtype=adapters).to(device)}
-    reason = quantization.supported("nf4_bnb", device)
-    head = [name for name, m in model.named_modules() if m is models.named_stages(model)[-1][1]]
-    for setup in (NF4, NF4_FLOAT32):
-        if reason is not None:
-            built[setup] = reason
-            continue
-        nf4 = quantization.quantize(model.to(device), "nf4_bnb", keep_float=head)
-        for layer in nf4.modules():
-            if hasattr(layer, "compute_dtype"):  # QLoRA computes in 16 bits (labkit's quantize picks float32 on a CPU)
-                layer.compute_dtype = half
-                if setup == NF4:
-                    layer.register_forward_hook(_cast_out(half))
-        built[setup] = add_lora(nf4, rank, ALPHA, ALL_LINEAR, dtype=adapters)
-    return built
+    chosen = matching_linears(model, ALL_LINEAR)
+    for name in chosen:
+        model.get_submodule(name).to(half)
+    if setup == BASE16:
+        return add_lora(model, rank, ALPHA, ALL_LINEAR, dtype=adapters)
+    others = [name for name in linear_names(model) if name not in chosen]  # the output layer stays 16-bit
+    for name in others:
+        model.get_submodule(name).to(half)
+    nf4 = quantization.quantize(model.to(device), "nf4_bnb", keep_float=others)
+    del model
+    for layer in nf4.modules():
+        if hasattr(layer, "compute_dtype"):  # QLoRA computes in 16 bits (labkit's quantize picks float32 on a CPU)
+            layer.compute_dtype = half
+            layer.register_forward_hook(_cast_out(half))
+    return add_lora(nf4, rank, ALPHA, ALL_LINEAR, dtype=adapters)
+
+
+def qlora_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` as QLoRA's runs take it: the profile's `QLORA_MODELS` model, 16-bit autocast, LoRA's learning rate,
+    `qlora_optimizer`, and `QLORA_STEP_SHARE` of the steps (at least a few timed ones).
+
+    Args:
+        cfg: the notebook's workload (its data and seed).
+    """
+    prof = profile()
+    name, pretrained = QLORA_MODELS[prof.name]
+    device = resolve_device(cfg.device)
+    fewest = prof.warmup_steps + train.PROFILING_STEPS + 2  # a few timed steps after the untimed ones
+    steps = max(fewest, math.ceil((cfg.max_steps or prof.max_steps) * QLORA_STEP_SHARE))
+    return cfg.replace(model=name, pretrained=pretrained, precision=qlora_dtypes(device)[2], lr=LORA_LR,
+                       optimizer=qlora_optimizer(device), max_steps=steps, epochs=1)
 
 
 def qlora_comparison(cfg: RunConfig, rank: int = 8, refresh: bool = False) -> pd.DataFrame:
-    """Fine-tune LoRA on each of `qlora_models` in 16-bit autocast, for `QLORA_STEP_SHARE` of the steps (cached).
+    """Fine-tune LoRA on each base of `qlora_model` (cached), as `qlora_config` sets the run.
 
     Args:
         cfg: the workload. rank: the LoRA rank. refresh: run again.
@@ -123,53 +163,55 @@ def qlora_comparison(cfg: RunConfig, rank: int = 8, refresh: bool = False) -> pd
         DataFrame: `QLORA_COLUMNS`; base_weight_bytes are the frozen Linear weights, error says why NF4 did not
         run here, if it did not.
     """
-    prof = profile()
-    fewest = prof.warmup_steps + train.PROFILING_STEPS + 2  # a few timed steps after the untimed ones
-    steps = max(fewest, math.ceil((cfg.max_steps or prof.max_steps) * QLORA_STEP_SHARE))
-    run_cfg = cfg.replace(precision=qlora_dtypes(resolve_device(cfg.device))[2], lr=LORA_LR, max_steps=steps, epochs=1)
+    run_cfg = qlora_config(cfg)
     return results.cached_frame("lora-qlora", [run_cfg], lambda: _qlora_frame(run_cfg, rank),
                                 refresh=refresh, rank=rank)
 
 
 def _qlora_frame(cfg: RunConfig, rank: int) -> pd.DataFrame:
-    return pd.DataFrame(_qlora_rows(cfg, rank)).reindex(columns=list(QLORA_COLUMNS))
+    return pd.DataFrame([_qlora_row(cfg, setup, rank) for setup in (BASE16, NF4)]).reindex(
+        columns=list(QLORA_COLUMNS))
 
 
-def _qlora_rows(cfg: RunConfig, rank: int) -> list[dict]:
-    rows = []
-    for setup, model in qlora_models(cfg, rank).items():
-        if isinstance(model, str):
-            rows.append({"setup": setup, "error": model})
-            continue
-        base_bytes = _base_linear_bytes(model)
-        result = train.fit(cfg, model=model, progress=False)
-        rows.append({"setup": setup, "base_weight_bytes": base_bytes, "peak_memory_bytes": result.peak_memory_bytes,
-                     "mem_parameters_bytes": result.memory.get("parameters"),
-                     "mem_activations_bytes": result.memory.get("activations"), "step_time_s": result.step_time_s,
-                     "step_time_p10_s": result.step_time_p10_s, "step_time_p90_s": result.step_time_p90_s,
-                     "accuracy": result.accuracy, "num_trainable_params": result.num_trainable_params,
-                     "precision_used": result.precision_used, "steps": result.steps, "error": result.error,
-                     "warnings": " ".join(result.warnings)})
-    return rows
+def _qlora_row(cfg: RunConfig, setup: str, rank: int) -> dict:
+    model = qlora_model(cfg, setup, rank)
+    if isinstance(model, str):
+        return {"setup": setup, "model": cfg.model, "error": model}
+    base_bytes, bits = base_linear_bytes(model)
+    result = train.fit(cfg, model=model, progress=False)
+    del model
+    result.model = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"setup": setup, "model": cfg.model, "base_weight_bytes": base_bytes, "bits_per_4bit_weight": bits,
+            "peak_memory_bytes": result.peak_memory_bytes, "mem_parameters_bytes": result.memory.get("parameters"),
+            "mem_activations_bytes": result.memory.get("activations"), "step_time_s": result.step_time_s,
+            "step_time_p10_s": result.step_time_p10_s, "step_time_p90_s": result.step_time_p90_s,
+            "tokens_per_s": result.tokens_per_s, "accuracy": result.accuracy,
+            "num_trainable_params": result.num_trainable_params, "optimizer": cfg.optimizer,
+            "precision_used": result.precision_used, "steps": result.steps, "error": result.error,
+            "warnings": " ".join(result.warnings)}
 
 
 @worded
 def qlora_finding(frame: pd.DataFrame) -> str:
-    """One line: the NF4 weights' share of bf16's, whether the peak fell, and what float32 outputs cost.
+    """One line: the NF4 weights' share of the 16-bit base's, and whether the peak fell with them.
 
     Args:
         frame: `qlora_comparison`'s.
     """
     rows = frame.set_index("setup")
-    bf16, nf4, shipped = rows.loc[BASE16], rows.loc[NF4], rows.loc[NF4_FLOAT32]
+    half, nf4 = rows.loc[BASE16], rows.loc[NF4]
     if isinstance(nf4.get("error"), str) and nf4.get("error"):
-        return f"QLoRA did not run here: {nf4.error}. The 16-bit base alone: peak {mib(bf16.peak_memory_bytes)}."
-    peak = nf4.peak_memory_bytes / bf16.peak_memory_bytes
-    saved = bf16.peak_memory_bytes - nf4.peak_memory_bytes
-    share_of_peak = (bf16.base_weight_bytes - nf4.base_weight_bytes) / bf16.peak_memory_bytes
-    verdict = (f"the weights saved were {share_of_peak:.0%} of the peak" if saved > 0 else
+        return f"QLoRA did not run here: {nf4.error}. The 16-bit base alone: peak {mib(half.peak_memory_bytes)}."
+    peak = nf4.peak_memory_bytes / half.peak_memory_bytes
+    saved = half.peak_memory_bytes - nf4.peak_memory_bytes
+    share_of_peak = (half.base_weight_bytes - nf4.base_weight_bytes) / half.peak_memory_bytes
+    verdict = (f"the weights saved were {share_of_peak:.0%} of the 16-bit peak" if saved > 0 else
                "no saving: the weights are a small part of this peak")
-    return (f"NF4 weights {nf4.base_weight_bytes / bf16.base_weight_bytes:.0%} of the 16-bit base's "
-            f"({mib(bf16.base_weight_bytes)} -> {mib(nf4.base_weight_bytes)}); peak {mib(bf16.peak_memory_bytes)} -> "
-            f"{mib(nf4.peak_memory_bytes)} ({peak:.2f}x): {verdict}; as shipped (float32 out) the activations are "
-            f"{shipped.mem_activations_bytes / nf4.mem_activations_bytes:.2f}x QLoRA's.")
+    return (f"On {half.model}, NF4 weights {nf4.base_weight_bytes / half.base_weight_bytes:.0%} of the 16-bit "
+            f"base's ({mib(half.base_weight_bytes)} -> {mib(nf4.base_weight_bytes)}, "
+            f"{nf4.bits_per_4bit_weight:.3g} bits a 4-bit weight); peak {mib(half.peak_memory_bytes)} -> "
+            f"{mib(nf4.peak_memory_bytes)} ({peak:.2f}x): {verdict}; step time "
+            f"{nf4.step_time_s / half.step_time_s:.2f}x.")
