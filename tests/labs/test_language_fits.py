@@ -27,3 +27,9 @@ def test_the_t4_table_orders_the_methods_and_sizes_them_against_the_gpus():
 def test_the_profile_picks_the_language_workload(monkeypatch, name, model):
     monkeypatch.setenv("LABKIT_PROFILE", name)
     assert lab.speed_config().model == model
+
+
+def test_the_speed_workload_lives_below_the_labs_that_share_it():
+    from labkit import workloads
+    assert lab.speed_config is workloads.lm_speed_config
+    assert workloads.LM_SPEED_MODELS == {"ci": "tiny_llama", "quick": "tiny_llama_10m", "full": "smollm2_135m"}

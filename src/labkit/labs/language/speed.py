@@ -15,35 +15,18 @@ from ...messages import worded
 from ...models import build_language_model
 from ...results import cached_fit
 from ...techniques.optimizers import build_optimizer
-from ...train import PROFILING_STEPS
 from ...units import mib
+from ...workloads import lm_speed_config, lm_speed_model
 
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 _ORDER_WORDS = {None: "no timing spread measured", 0: "within the noise", 1: "slower", -1: "faster"}
 
 
-# The profile picks the workload (DESIGN.md): the shipped tiny model at ci, a 10M one at quick, a hub model's
-# architecture at full (SmolLM2-135M: busy enough on a T4 for the switches to show).
-_MODELS = {"ci": "tiny_llama", "quick": "tiny_llama_10m", "full": "smollm2_135m"}
-
-
 def _model_name() -> str:
-    return _MODELS[profile().name]
+    return lm_speed_model()
 
 
-def speed_config(**fields) -> RunConfig:
-    """The section's run: a random-weight Llama (``tiny_llama`` at ``ci``, ``tiny_llama_10m`` at ``quick``,
-    SmolLM2-135M's architecture at ``full``) on pydoc_text, packed rows at the dataset's default length, the
-    profile's timed steps (at most 6), no evaluation.
-
-    Args:
-        fields: any `RunConfig` field, e.g. ``checkpointing=True`` or ``compile=True``.
-    """
-    prof = profile()
-    base = {"model": _model_name(), "dataset": "pydoc_text", "packing": "pack", "batch_size": 4,
-            "pretrained": False, "evaluate": False, "train_size": 64,
-            "max_steps": prof.warmup_steps + PROFILING_STEPS + min(prof.repeats, 6)}
-    return RunConfig(**{**base, **fields})
+speed_config = lm_speed_config  # the section's run: `labkit.workloads.lm_speed_config`
 
 
 def _row(name: str, res) -> dict:
