@@ -143,3 +143,13 @@ def test_an_fp16_overflow_is_blamed_on_fp16_when_a_wider_precision_trains(cfg, m
     assert finding.problem and not trained and "fp16 overflow" in finding.cause
     assert finding.fix == {"precision": "fp32"}  # bf16 is emulated here: fp32 is the safer one
     assert finding.checked.startswith("precision=fp32: the loss went from 2.5")
+
+
+def test_explain_names_a_known_error_from_an_exception_or_its_message():
+    try:
+        raise ValueError("Attempting to unscale FP16 gradients.")
+    except ValueError as exc:
+        finding = doctor.explain(exc)
+    assert finding.title == 'training fails with "Attempting to unscale FP16 gradients"'
+    assert "torch_dtype=torch.float16" in finding.cause and finding.status == "problem"
+    assert doctor.explain("something else") is None

@@ -10,7 +10,8 @@
 # 2. the mixed-precision step (`autocast`, scale, `unscale_` before clipping, `step`, `update`) and TF32;
 # 3. what mixed precision does to step time, peak memory and accuracy on *your* hardware, and why the memory
 #    saving can look small;
-# 4. which ops autocast keeps in float32, and which precision to choose on a T4, a P100, an A100 or a CPU.
+# 4. which ops autocast keeps in float32, and which precision to choose on a T4, a P100, an A100 or a CPU;
+# 5. the same switch on a language model, and the fp16-weights error learners hit on a T4.
 #
 # **What you need:** notebook 00 (labkit's timing and memory measurement). The speed-ups need a GPU with tensor
 # cores (a free T4). On a CPU everything runs, but section 3's speeds depend on its instruction set, and its
@@ -157,13 +158,11 @@ for low in by.index.intersection(["bf16", "fp16 + GradScaler"]):
 
 # %% [markdown]
 # How to read it. A setup is faster or slower only when its step times' 10-90% spread does not overlap fp32's.
-# On tensor-core GPUs the precisions they accelerate usually win (fp16 on a T4; fp16 and bf16 on an A100 or
-# H100), by more the larger the model and batch: part of each step is fixed overhead. On a P100 (no tensor
-# cores) AMP can be *slower*; bf16 before Ampere is emulated or refused (the table shows the error). On a CPU,
-# bf16 can beat fp32 with AVX512-BF16 or AMX; without fp16 arithmetic, fp16 is emulated and many times slower.
-# TF32 exists only on Ampere and later GPUs; elsewhere both fp32 lines do the same work. Accuracy should be
-# close in every setup: mixed precision changes the rounding, not the training (an emulated run is cut short,
-# and its line says so). Hatched bars: runs measured on real GPUs with `labkit bench`.
+# On tensor-core GPUs the precisions they accelerate usually win (fp16 on a T4; fp16 and bf16 on an A100), by
+# more the larger the model and batch. On a P100 (no tensor cores) AMP can be *slower*; bf16 before Ampere is
+# emulated or refused. On a CPU, bf16 can beat fp32 with AVX512-BF16 or AMX; fp16 is emulated and many times
+# slower. TF32 exists only on Ampere and later. Accuracy should be close in every setup (an emulated run is cut
+# short, and its line says so). Hatched bars: runs measured on real GPUs with `labkit bench`.
 
 # %% [markdown]
 # Published speed-ups beside yours (hatched, not measured here): the PyTorch AMP recipe expects
@@ -299,7 +298,42 @@ print(lab.advice(ENV, df))
 # a CPU, low precision is faster only with those instructions; memory shrinks either way.
 
 # %% [markdown]
-# ## 8. Your turn: the panel
+# ## 8. A language model
+# The same switch on the profile's Llama (`tiny_llama` at `ci`, a 10M one at `quick`, SmolLM2-135M's shape at
+# `full`) on packed real text, counted in tokens/s. **Predict first:** LOW's tokens/s as a multiple of fp32's?
+
+# %%
+guess_lm_speedup = None  # YOUR GUESS: e.g. 1.5
+
+# %%
+lm = lab.lm_compare(LOW)  # fp32 and LOW on the language model (cached)
+print(lab.lm_finding(lm, LOW))
+print(guesses.versus(guess_lm_speedup, lab.speedup(lm, LOW), f"{LOW} tokens/s / fp32 tokens/s", "x",
+                     band=lab.speedup_band(lm, LOW)))
+display.table(lm, ["setup", "model", "step_time_s", "tokens_per_s", "peak_memory_bytes", "mem_activations_bytes"])
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: both ran (bf16 may be refused on a GPU without it); where both ran, the activations shrank
+assert lm.error.isna().all() or (LOW == "bf16" and ENV["device"] == "cuda")
+if lm.error.isna().all():
+    assert lm.mem_activations_bytes.iloc[1] < lm.mem_activations_bytes.iloc[0]
+
+# %% [markdown]
+# The pitfall on a T4: a model loaded in fp16 (`torch_dtype=torch.float16`) and trained under fp16 autocast with a
+# GradScaler stops at its first step. Here on this device, with `labkit.troubleshoot.explain` naming the cause:
+
+# %%
+pitfall = lab.fp16_weights_pitfall(device=ENV["device"])
+print(labkit.troubleshoot.explain(pitfall["error"]))
+print(f"The same step with float32 trainable weights trains: loss {pitfall['fixed_loss']:.3f}.")
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: fp16 weights are refused by the scaler, the doctor names it, float32 weights train
+assert "unscale FP16 gradients" in pitfall["error"] and labkit.troubleshoot.explain(pitfall["error"]).problem
+assert pitfall["fixed_loss"] == pitfall["fixed_loss"] > 0
+
+# %% [markdown]
+# ## 9. Your turn: the panel
 # Choose a precision, a batch size and a model, and press **Run**. Each run is added to the charts: compare,
 # say, fp32 and bf16 at batch 256 on `resnet18`. Finished runs are cached.
 
@@ -321,6 +355,7 @@ panel
 # | fp16 training stalls, gradients zero | underflow below 6e-8 without loss scaling | GradScaler |
 # | "fp32" suspiciously fast on Ampere+ | TF32 on | set `RunConfig(tf32=...)` explicitly |
 # | bf16 very slow on a T4 | emulated (capability < 8.0) | fp16 + GradScaler |
+# | "Attempting to unscale FP16 gradients" | weights loaded in fp16 | float32 trainable weights |
 #
 # A GradScaler does not prevent a NaN loss: it only skips steps whose *gradients* overflowed.
 
@@ -328,8 +363,7 @@ panel
 # ## Going further
 # **channels_last.** Tensor-core convolutions want channels last in memory (NHWC);
 # PyTorch's default is NCHW, so cuDNN may transpose around every convolution. `RunConfig(channels_last=True)`
-# stores the model and inputs that way; on a GPU with AMP it often helps convolutional nets, in fp32 less, and on
-# a CPU it depends on the oneDNN kernels. Measured here:
+# stores the model and inputs that way; with AMP on a GPU it often helps, on a CPU it depends. Measured here:
 
 # %%
 layouts = labkit.sweep(cfg, precision=["fp32", LOW], channels_last=[False, True])
@@ -338,11 +372,9 @@ plots.bar(layouts, x="precision", y="step_time_s", hue="channels_last",
           reference=labkit.load_reference("01_mixed_precision-layouts*"));
 
 # %% [markdown]
-# - `torch.compile(model)` fuses autocast's casts with the ops around them, removing much of a small model's
-#   fixed overhead.
-# - fp8 training (L4, H100 and newer) uses per-tensor scales instead of one loss scale: NVIDIA's Transformer
-#   Engine, torchao's `float8`.
-# - `torch.set_float32_matmul_precision("high")` also allows TF32, for matmuls only.
+# - `torch.compile(model)` fuses autocast's casts with the ops around them.
+# - fp8 training (L4, H100 and newer) uses per-tensor scales: Transformer Engine, torchao's `float8`.
+# - `torch.set_float32_matmul_precision("high")` allows TF32 for matmuls only.
 
 # %% [markdown]
 # ## Summary

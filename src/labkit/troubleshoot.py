@@ -45,6 +45,16 @@ SYMPTOMS = {  # DESIGN.md's troubleshooting table, in its words
     "pruning_memory": "memory not reduced after pruning",
     "distributed_hang": "distributed run hangs",
 }
+# Errors a learner's own loop raises, which `explain` names; not probed by `doctor` (labkit's loop never hits them)
+ERROR_SYMPTOMS = {"fp16_weights": "training fails with \"Attempting to unscale FP16 gradients\""}
+KNOWN_ERRORS = {
+    "Attempting to unscale FP16 gradients": (
+        "fp16_weights",
+        "the trainable weights are fp16 (a model loaded with torch_dtype=torch.float16), so their gradients are fp16 "
+        "too, and the GradScaler refuses to unscale them: fp16 gradients would lose the small values it protects",
+        "keep the trainable weights in float32 under fp16 autocast (model.float(), or LoRA adapters in float32 over an "
+        "fp16 base: autocast computes in fp16 anyway), or use bf16 where it is native (no scaler)"),
+}
 STATUSES = ("problem", "ok", "not probed")
 TAME = 1.5  # a remedy whose final loss stays under this many times the first one no longer explodes
 EXPLODED = 10.0  # a final loss this many times the first one counts as exploding: on its way to inf and NaN
@@ -80,7 +90,7 @@ class Finding:
 
     @property
     def title(self) -> str:
-        return SYMPTOMS[self.symptom]
+        return SYMPTOMS.get(self.symptom) or ERROR_SYMPTOMS[self.symptom]
 
     @property
     def problem(self) -> bool:
@@ -392,6 +402,25 @@ def probe_config(cfg: RunConfig, nproc: int) -> tuple[RunConfig | None, str]:
     small = {**config.SMALL_WORKLOAD, "batch_size": cfg.batch_size, "model": VIT}
     return (cfg.replace(device="cpu", **small),
             f"; on {nproc} CPU processes over gloo with {VIT}: {here.gpu_count} GPU here, one process per GPU")
+
+
+def explain(error: BaseException | str) -> Finding | None:
+    """The likely cause and remedy of an error a training loop raised, where it is a known one (`KNOWN_ERRORS`).
+
+    Args:
+        error: the exception (or its message).
+
+    Example:
+        >>> try:
+        ...     scaler.step(optimizer)
+        ... except ValueError as exc:
+        ...     print(labkit.troubleshoot.explain(exc))
+    """
+    message = str(error)
+    for pattern, (symptom, cause, remedy) in KNOWN_ERRORS.items():
+        if pattern in message:
+            return Finding(symptom, "problem", message.strip(), cause, remedy)
+    return None
 
 
 def doctor(cfg: RunConfig | str | Path, nproc: int | None = None, backend: str | None = None,

@@ -8,6 +8,7 @@ import labkit
 from labkit import results
 from labkit.errors import ConfigError
 from labkit.labs import mixed_precision
+from labkit.labs import mixed_precision as lab
 
 
 def test_gradient_underflow_counts_what_fp16_zeroes_and_scaling_keeps(tiny_cfg):
@@ -241,3 +242,24 @@ def test_a_failed_setup_is_named_not_a_key_error():
     with pytest.raises(ConfigError, match=r"df=.setups .* is not allowed: a frame where bf16 ran successfully"):
         mixed_precision.peak_fraction(df, "bf16")
     assert mixed_precision.speedup(df, "fp16") == 2.0  # the setups that ran still compare
+
+
+def test_the_language_model_arm_compares_fp32_with_the_low_precision(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("LABKIT_PROFILE", "ci")
+    frame = lab.lm_compare("bf16", max_steps=4)
+    assert frame.setup.tolist() == ["fp32", "bf16"] and (frame.model == "tiny_llama").all()
+    assert (frame.tokens_per_s > 0).all() and frame.error.isna().all()
+    assert frame.mem_activations_bytes.iloc[1] < frame.mem_activations_bytes.iloc[0]  # 16-bit activations
+    text = lab.lm_finding(frame, "bf16")
+    assert text.startswith("On tiny_llama: bf16 ran") and "tokens/s against" in text
+
+
+def test_the_fp16_weights_pitfall_fails_as_on_a_t4_and_the_doctor_names_it():
+    pitfall = lab.fp16_weights_pitfall()
+    assert pitfall["error"] == "Attempting to unscale FP16 gradients."
+    assert 0 < pitfall["fixed_loss"] < 10  # float32 trainable weights: the same fp16-autocast step trains
+    finding = labkit.troubleshoot.explain(pitfall["error"])
+    assert finding.problem and finding.symptom == "fp16_weights" and "float32" in finding.remedy
+    assert "Attempting to unscale" in str(finding)
+    assert labkit.troubleshoot.explain("CUDA error: device-side assert triggered") is None
