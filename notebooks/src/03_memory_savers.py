@@ -8,18 +8,14 @@
 # and stacks the savers one by one.
 #
 # **You will learn**
-# 1. the bytes-per-parameter accounting of training (weights, gradients, optimizer state, master weights),
-#    checked against a measured step and applied to large models;
-# 2. `checkpoint(block, x, use_reentrant=False)`, how checkpointing trades step time for activation
-#    memory (the sqrt(n) rule), why the *peak* can fall less than the activations, and selective
-#    checkpointing, which recomputes only the cheap operations;
-# 3. the one-line swap to bitsandbytes' `AdamW8bit`, what it saves per parameter, why small tensors keep
-#    32-bit state (`min_8bit_size`), and what paged optimizers are for;
-# 4. the recommended order of memory savers, made measurable: baseline, +AMP, +checkpointing, +8-bit, all.
+# 1. the bytes-per-parameter accounting of training, checked against a measured step and applied to large models;
+# 2. `checkpoint(block, x, use_reentrant=False)`, how checkpointing trades step time for activation memory (the
+#    sqrt(n) rule), why the *peak* can fall less, and selective checkpointing;
+# 3. the one-line swap to bitsandbytes' `AdamW8bit`, and why small tensors keep 32-bit state;
+# 4. the savers stacked one by one, on a CNN and on a language model.
 #
-# **What you need:** notebooks 00 (memory by category) and 01 (mixed precision); notebook 02's memory
-# line helps. A CPU is fine: memory is counted exactly there, and bitsandbytes 0.50+ runs its 8-bit
-# optimizers on a CPU. Only paged optimizers need a CUDA GPU. No section shows only noise on a CPU; step
+# **What you need:** notebooks 00 (memory by category) and 01 (mixed precision). A CPU is fine: memory is
+# counted exactly there, and bitsandbytes 0.50+ runs its 8-bit optimizers on a CPU (paged ones need CUDA). Step
 # times are this machine's, and a verdict calls one changed only beyond its measured spread.
 
 # %%
@@ -333,7 +329,37 @@ assert st.mem_optimizer_state_bytes["+8-bit optimizer"] < st.mem_optimizer_state
 # in a large language model (section 1), the 8-bit optimizer saves most.
 
 # %% [markdown]
-# ## 5. Your turn: the panel
+# ## 5. A language model
+# The same stages on the profile's Llama on packed real text (`tiny_llama` at `ci`, a 10M one at `quick`,
+# SmolLM2-135M's shape at `full`), where checkpointing wraps each decoder layer, transformers' own method.
+# **Predict first:** what fraction of the activations does per-layer checkpointing keep?
+
+# %%
+guess_lm_activations = None  # YOUR GUESS: e.g. 0.3
+
+# %%
+lm_staged = lab.lm_staged()  # baseline, +AMP, +checkpointing, +8-bit AdamW, all together (cached)
+print(lab.lm_finding(lm_staged))
+by_stage = lm_staged.frame.set_index("stage").mem_activations_bytes
+print(guesses.versus(guess_lm_activations, by_stage["+checkpointing"] / by_stage["baseline"], "activations kept"))
+display.table(lm_staged.frame, ["stage", "mem_activations_bytes", "mem_optimizer_state_bytes", "peak_memory_bytes",
+                                "step_time_s", "tokens_per_s"])
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: every stage ran; checkpointing kept fewer activations, 8-bit AdamW a smaller state
+lm_st = lm_staged.frame.set_index("stage")
+assert lm_st.error.isna().all() and lm_st.mem_activations_bytes["+checkpointing"] < by_stage["baseline"]
+assert lm_st.mem_optimizer_state_bytes["+8-bit optimizer"] < lm_st.mem_optimizer_state_bytes["baseline"]
+
+# %% [markdown]
+# Full fine-tuning's bytes per parameter for the models learners bring to a free GPU (by formula, before
+# activations): a T4's 15 GiB stops near half a billion parameters; notebook 08 goes further with LoRA and QLoRA.
+
+# %%
+display.table(lab.hub_scale_table(), ["model", "num_params", "setup", "bytes_per_param", "total_gib"])
+
+# %% [markdown]
+# ## 6. Your turn: the panel
 # Choose checkpointing (off, every block, or a number of segments), the optimizer, the precision and the
 # batch size, and press **Run**. Each run adds a stacked memory bar and a step-time bar.
 

@@ -9,6 +9,7 @@ import labkit
 from labkit import capacity, measure, train
 from labkit.errors import ConfigError
 from labkit.labs import memory_savers
+from labkit.labs import memory_savers as lab
 
 
 def test_checkpoint_tradeoff_measures_each_segment_count_beside_the_cost_model(tiny_cfg):
@@ -188,3 +189,21 @@ def test_eight_bit_numbers_and_finding_from_the_state_table(tiny_cfg):
     assert text.startswith(f"The arithmetic gives {labkit.display.number(computed / 1024)} KiB; the optimizer holds ")
     assert "2 KiB are the quantisation maps shared by all tensors" in text
     assert abs(state.state_bytes.sum() / computed - 1) < 0.02  # maps and per-tensor rounding only
+
+
+def test_the_staged_view_on_the_language_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("LABKIT_PROFILE", "ci")
+    staged = lab.lm_staged(max_steps=4)
+    rows = staged.frame.set_index("stage")
+    assert rows.error.isna().all() and (rows.model == "tiny_llama").all()
+    assert rows.mem_activations_bytes["+checkpointing"] < 0.8 * rows.mem_activations_bytes["baseline"]
+    assert rows.mem_optimizer_state_bytes["+8-bit optimizer"] < 0.5 * rows.mem_optimizer_state_bytes["baseline"]
+    assert lab.lm_finding(staged).startswith("On tiny_llama: checkpointing each decoder layer kept")
+
+
+def test_the_hub_scale_table_counts_16_bytes_a_parameter_for_fp32_adamw():
+    table = lab.hub_scale_table()
+    assert table.model.unique().tolist() == ["SmolLM2-135M", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Mistral-7B"]
+    plain = table[table.setup == "fp32 + AdamW"].set_index("model")
+    assert (plain.bytes_per_param == 16).all() and plain.num_params["SmolLM2-135M"] == 134_515_008
