@@ -1,22 +1,21 @@
 # %% [markdown]
 # # Batch size: time, memory, accuracy, and the largest batch that fits
 #
-# The batch size is the first knob anyone turns, and folklore about it is everywhere. This notebook
-# tests four popular claims on your hardware, then shows how to get a large batch's gradient without its
-# memory (gradient accumulation), find the largest batch that fits, and predict memory before you run out.
+# The batch size is the first knob anyone turns, and folklore about it is everywhere. This notebook tests four
+# popular claims on your hardware, then gets a large batch's gradient without its memory, finds the largest
+# batch that fits, and predicts memory before you run out.
 #
 # **You will learn**
 # 1. how epoch time, throughput, inference time, peak memory and accuracy change with the batch size;
 # 2. to fit memory = fixed + bytes per sample x batch, and read the slope (activation bytes per sample);
 # 3. the linear learning-rate scaling rule, warm-up, and when they help;
-# 4. the accumulation loop, why it gives the same gradient as a large batch, why BatchNorm breaks that,
-#    and what `no_sync` does under DDP;
-# 5. the out-of-memory back-off loop, `labkit.find_max_batch_size` and `labkit.estimate_memory`.
+# 4. the accumulation loop, why it equals a large batch, why BatchNorm breaks that, and `no_sync` under DDP;
+# 5. the out-of-memory back-off loop, `labkit.find_max_batch_size` and `labkit.estimate_memory`;
+# 6. a language model's batch in tokens, and accumulation over token losses.
 #
-# **What you need:** notebook 00 (timing and memory). A CPU is fine; no section shows only noise there.
-# Memory is counted exactly on a CPU; the time curves (sections 2 and 4) are this CPU's, which fills up at
-# much smaller batches than a GPU. At `ci` and `quick` the accuracy differences (sections 2 and 3) mostly
-# lie within the test-set noise, and the verdicts say so.
+# **What you need:** notebook 00 (timing and memory). A CPU is fine: memory is counted exactly there; the time
+# curves are this CPU's, which fills up at smaller batches than a GPU. At `ci` and `quick` the accuracy
+# differences mostly lie within the test-set noise, and the verdicts say so.
 
 # %%
 import labkit
@@ -299,7 +298,30 @@ assert table.prediction_error.dropna().abs().max() < 0.25  # a line through two 
 display.table(lab.estimate_frame(labkit.estimate_memory(cfg, batch_size=1024)))
 
 # %% [markdown]
-# ## 7. Your turn: the panel
+# ## 7. A language model
+# A language model's batch is counted in tokens: rows x length, padding included. Its loss is a mean over label
+# tokens, so accumulation divides each micro-batch's summed loss by the step's label tokens (notebook 10 shows
+# why). Here the profile's Llama takes 8 padded rows of text in 1, 2 and 4 micro-batches.
+# **Predict first:** the peak with 4 micro-batches, as a fraction of one batch's?
+
+# %%
+guess_lm_peak = None  # YOUR GUESS: e.g. 0.5
+
+# %%
+lm_accum = lab.lm_accumulation()  # grad_accum 1, 2, 4 on the same 8 rows (cached)
+print(lab.lm_accumulation_finding(lm_accum))
+lm_peaks = lm_accum.peak_memory_bytes
+print(guesses.versus(guess_lm_peak, lm_peaks.iloc[-1] / lm_peaks.iloc[0], "peak, 4 micro-batches / one batch"))
+display.table(lm_accum, ["grad_accum", "micro_batch_rows", "tokens_per_step", "peak_memory_bytes", "step_time_s",
+                         "loss_diff"])
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the same losses as one large batch, with a lower peak in smaller micro-batches
+assert lm_accum.error.isna().all() and (lm_accum.loss_diff < 1e-5).all()
+assert lm_peaks.is_monotonic_decreasing and lm_peaks.iloc[-1] < lm_peaks.iloc[0]
+
+# %% [markdown]
+# ## 8. Your turn: the panel
 # Choose the batch size, the accumulation steps and whether the learning rate follows the batch size
 # (scaled from the baseline's batch size), then press **Run**. Each run is added to the charts.
 

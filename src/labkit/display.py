@@ -147,6 +147,7 @@ METRICS: dict[str, Metric] = {
     "estimate_bytes": _m("formula's peak", BYTES),
     "estimate_error": _m("formula against measured", "%", 100.0),
     "tokens_per_step": _m("tokens a step"),
+    "micro_batch_rows": _m("rows a micro-batch"),
     **{f"mem_{c}_bytes": _m(f"memory: {c.replace('_', ' ')}", BYTES) for c in MEMORY_CATEGORIES},
 }
 

@@ -235,3 +235,14 @@ def test_the_fitted_line_against_the_search():
     assert batch_lab.line_vs_search(numbers, 200) == ("Your line predicts batch 230; find_max_batch_size found 200 by "
                                                       "probing single steps (30 more, +15%).")
     assert "not even one sample fits" in batch_lab.line_vs_search(numbers, 0)
+
+
+def test_accumulation_on_a_language_model_keeps_the_losses_and_lowers_the_peak(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("LABKIT_PROFILE", "ci")
+    frame = batch_lab.lm_accumulation(grad_accum=(1, 4), batch_size=8)
+    assert frame.micro_batch_rows.tolist() == [8, 2] and (frame.tokens_per_step == 8 * 128).all()
+    assert (frame.loss_diff < 1e-5).all() and frame.pad_fraction.iloc[0] > 0.1  # uneven label tokens per row
+    assert frame.peak_memory_bytes.iloc[1] < 0.7 * frame.peak_memory_bytes.iloc[0]
+    text = batch_lab.lm_accumulation_finding(frame)
+    assert text.startswith("1,024 tokens a step (8 rows,") and "the step losses match one large batch's" in text

@@ -11,6 +11,8 @@
   (`labkit.techniques.optimizers.scale_lr`), and scaled with a warm-up.
 - `accumulation_gap`, `accumulation_table`, `without_batchnorm`, `accumulation_finding`: gradient accumulation
   gives the gradient of the whole batch, except where BatchNorm normalises each micro-batch on its own.
+- `lm_accumulation`, `lm_accumulation_finding`: a language model's step in tokens, split into micro-batches whose
+  summed token losses are divided by the step's label tokens: the same losses, less memory.
 - `prediction_table`, `prediction_finding`, `estimate_frame`: memory predicted from two batch sizes, checked
   against measured steps (`labkit.capacity`); `max_batch_numbers`, `line_vs_search` for the exercise.
 
@@ -26,6 +28,7 @@ from .accumulation import (
     accumulation_table,
     without_batchnorm,
 )
+from .language import LM_ACCUM, LM_ROWS, lm_accumulation, lm_accumulation_finding
 from .learning_rate import LR_SETTINGS, compare_lr_scaling, lr_scaling_finding, run_with_lr_scaling
 from .prediction import (
     estimate_frame,
@@ -37,6 +40,7 @@ from .prediction import (
 from .sweep import FOLK_CLAIMS, INFERENCE_COLUMNS, batch_sweep, epoch_time_floor, folk_claims
 
 __all__ = [
+    "LM_ACCUM", "LM_ROWS", "lm_accumulation", "lm_accumulation_finding",
     "BATCHNORM_MODES", "FOLK_CLAIMS", "INFERENCE_COLUMNS", "LR_SETTINGS", "AccumulationGap",
     "accumulation_finding", "accumulation_gap", "accumulation_table", "batch_sweep", "compare_lr_scaling",
     "epoch_time_floor", "estimate_frame", "folk_claims", "line_vs_search", "lr_scaling_finding", "max_batch_numbers",
