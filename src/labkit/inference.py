@@ -1,7 +1,7 @@
 """Inference on a trained model: its accuracy on a split, a batch as it sees it, latencies timed in turns.
 
 Shared by the notebooks that change a trained model and compare it with the original (04 pruning,
-06 quantization).
+06 quantization, 08 LoRA's merge). A language model is timed as `LogitsOnly` on a batch of `prompt_ids`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,30 @@ from .errors import ConfigError
 from .techniques.precision import resolve_precision
 
 LATENCY_BATCH = 64
+
+
+class LogitsOnly(nn.Module):
+    """A causal language model called on input ids alone, returning its logits (what `latencies` times)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def prompt_ids(cfg: RunConfig, rows: int, split: str = "test") -> torch.Tensor:
+    """``rows`` examples of a language-model split as one rectangular batch of ids, cut to the shortest of them
+    (a small split repeats): the same tokens for every model timed.
+
+    Args:
+        cfg: the run (its dataset). rows: the batch's rows. split: ``test`` or ``val``.
+    """
+    data_split = _splits(cfg)[split]
+    chosen = [data_split[i % len(data_split)]["input_ids"] for i in range(rows)]
+    width = min(len(ids) for ids in chosen)
+    return torch.stack([ids[:width] for ids in chosen])
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -1,16 +1,23 @@
-"""The language-model workload that notebooks measure speed and memory on, by profile (DESIGN.md): labkit's
-shipped ``tiny_llama`` at ``ci``, the config-built ``tiny_llama_10m`` at ``quick``, SmolLM2-135M's architecture at
-``full`` (busy enough on a T4 for a technique's effect to show), all from random weights: speed and memory do not
-depend on them. Notebook 10 teaches on it; notebook 01 gives mixed precision one language-model arm on it.
+"""The language-model workloads that several notebooks share, by profile (DESIGN.md).
+
+- `lm_speed_config`: speed and memory. labkit's shipped ``tiny_llama`` at ``ci``, the config-built
+  ``tiny_llama_10m`` at ``quick``, SmolLM2-135M's architecture at ``full`` (busy enough on a T4 for a technique's
+  effect to show), all from random weights: speed and memory do not depend on them. Notebooks 01, 02, 03, 10.
+- `lm_finetune_config`: a fine-tune whose quality counts. The pretrained ``tiny_llama`` at ``ci`` and ``quick``,
+  SmolLM2-135M's pretrained weights at ``full`` (its own tokenizer online), on ``digits_sort``, scored by exact
+  match. Notebooks 06 and 08.
 """
 
 from __future__ import annotations
 
 from .config import RunConfig
-from .env import profile
+from .env import Profile, profile
 from .train import PROFILING_STEPS
 
 LM_SPEED_MODELS = {"ci": "tiny_llama", "quick": "tiny_llama_10m", "full": "smollm2_135m"}
+LM_FINETUNE_MODELS = {"ci": "tiny_llama", "quick": "tiny_llama", "full": "smollm2_135m"}
+FINETUNE_DATASET = "digits_sort"
+FINETUNE_LR = 1e-3
 MAX_TIMED_STEPS = 6
 
 
@@ -34,4 +41,21 @@ def lm_speed_config(**fields) -> RunConfig:
     base = {"model": lm_speed_model(), "dataset": "pydoc_text", "packing": "pack", "batch_size": 4,
             "pretrained": False, "evaluate": False, "train_size": 64,
             "max_steps": prof.warmup_steps + PROFILING_STEPS + min(prof.repeats, MAX_TIMED_STEPS)}
+    return RunConfig(**{**base, **fields})
+
+
+def lm_finetune_config(prof: Profile | None = None, **fields) -> RunConfig:
+    """The profile's pretrained language model (`LM_FINETUNE_MODELS`) fine-tuned in full on ``digits_sort``.
+
+    Args:
+        prof: the profile (default: the active one); its steps and data sizes.
+        fields: any `RunConfig` field.
+
+    Example:
+        >>> lm_finetune_config(labkit.profile("ci")).model
+        'tiny_llama'
+    """
+    prof = prof or profile()
+    base = {"model": LM_FINETUNE_MODELS[prof.name], "dataset": FINETUNE_DATASET, "pretrained": True,
+            "lr": FINETUNE_LR, "max_steps": prof.max_steps}
     return RunConfig(**{**base, **fields})

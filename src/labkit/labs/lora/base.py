@@ -20,19 +20,20 @@ from torch import nn
 
 from ... import models, train
 from ...config import RunConfig
-from ...env import Profile, import_bitsandbytes, profile
+from ...env import Profile, import_bitsandbytes
 from ...errors import UnsupportedError
 from ...techniques import quantization
 from ...techniques.lora import ALL_LINEAR
+from ...workloads import FINETUNE_DATASET, FINETUNE_LR, LM_FINETUNE_MODELS, lm_finetune_config
 
-LM_MODELS = {"ci": "tiny_llama", "quick": "tiny_llama", "full": "smollm2_135m"}
+LM_MODELS = LM_FINETUNE_MODELS
 # QLoRA's model and whether it starts pretrained (tiny_llama_10m is for speed and memory: labkit ships no weights)
 QLORA_MODELS = {"ci": ("tiny_llama", True), "quick": ("tiny_llama_10m", False), "full": ("qwen2.5_1.5b", True)}
-DATASET = "digits_sort"
+DATASET = FINETUNE_DATASET
 ATTENTION = ("q_proj", "v_proj")  # the LoRA paper's choice: the query and value projections of every layer
 TARGETS = {"q_proj,v_proj": ATTENTION, ALL_LINEAR: ALL_LINEAR}  # the panel's and the sweep's choices
 ALPHA = 16.0
-FULL_LR = 1e-3
+FULL_LR = FINETUNE_LR
 # LoRA trains a few small matrices from zero (B) and wants a larger step than full fine-tuning, which moves
 # every pretrained weight (the paper used 4e-4 to 5e-4 for LoRA on RoBERTa-base against 1e-5 to 3e-5 in full).
 LORA_LR = 3e-3
@@ -43,7 +44,8 @@ RANKS = {"ci": {"q_proj,v_proj": (2, 8), ALL_LINEAR: (8,)}, "quick": (1, 8, 64),
 
 
 def workload(prof: Profile | None = None) -> RunConfig:
-    """The notebook's fine-tune: the profile's pretrained language model (`LM_MODELS`) on ``digits_sort``, in full.
+    """The notebook's fine-tune: `labkit.workloads.lm_finetune_config`, the profile's pretrained language model on
+    ``digits_sort`` in full.
 
     Args:
         prof: the profile (default: the active one); its steps and data sizes.
@@ -52,9 +54,7 @@ def workload(prof: Profile | None = None) -> RunConfig:
         >>> workload(labkit.profile("ci")).model
         'tiny_llama'
     """
-    prof = prof or profile()
-    return RunConfig(model=LM_MODELS[prof.name], dataset=DATASET, pretrained=True, lr=FULL_LR,
-                     max_steps=prof.max_steps)
+    return lm_finetune_config(prof)
 
 
 def targets_label(targets) -> str:

@@ -12,36 +12,16 @@ import math
 
 import pandas as pd
 import torch
-from torch import nn
 
-from ... import results, train
+from ... import results
 from ...config import RunConfig
 from ...env import profile
-from ...inference import latencies
+from ...inference import LogitsOnly, latencies, prompt_ids
 from ...messages import worded
 from ...techniques.lora import lora_layers, merge_and_unload
 from .base import MERGE_RANK, fresh_model, lora_config
 
 SETUPS = ("base model (no adapters)", "LoRA, unmerged", "LoRA, merged", "base model, timed again")
-
-
-class _Logits(nn.Module):
-    """A causal LM called on input ids alone, returning its logits (what `latencies` times and compares)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
-
-
-def _prompt_ids(cfg: RunConfig, rows: int) -> torch.Tensor:
-    """``rows`` test examples as one rectangular batch of ids (the shortest length among them; a tiny split repeats)."""
-    test = train.run_splits(cfg, training=False)["test"]
-    chosen = [test[i % len(test)]["input_ids"] for i in range(rows)]
-    width = min(len(ids) for ids in chosen)
-    return torch.stack([ids[:width] for ids in chosen])
 
 
 def merge_comparison(cfg: RunConfig, rank: int = MERGE_RANK, targets="q_proj,v_proj",
@@ -62,10 +42,10 @@ def merge_comparison(cfg: RunConfig, rank: int = MERGE_RANK, targets="q_proj,v_p
 
 def _measure_merge(cfg: RunConfig, lora_cfg: RunConfig) -> pd.DataFrame:
     trained, _ = results.cached_model(lora_cfg, progress=False)
-    unmerged = _Logits(copy.deepcopy(trained).cpu()).eval()
+    unmerged = LogitsOnly(copy.deepcopy(trained).cpu()).eval()
     merged = merge_and_unload(copy.deepcopy(unmerged))
-    base = _Logits(fresh_model(cfg, pretrained=True)).eval()
-    x = _prompt_ids(cfg, profile().latency_batch)
+    base = LogitsOnly(fresh_model(cfg, pretrained=True)).eval()
+    x = prompt_ids(cfg, profile().latency_batch)
     # the base twice, first and last: how far two timings of one model differ here (the machine's noise)
     times = latencies([base, unmerged, merged, copy.deepcopy(base)], x)
     with torch.no_grad():
