@@ -1,21 +1,20 @@
 # %% [markdown]
 # # Quantization: fewer bits per number, and where it pays
 #
-# Quantization stores weights, and sometimes activations, in fewer bits than float32: 16-bit floats, 8-bit or
-# 4-bit integers. A model gets smaller, and faster wherever the hardware has kernels for the narrow type. This
-# notebook measures every common method on a small vision transformer (mostly Linear layers) and a CNN (mostly
-# convolutions), and tests four popular claims.
+# Quantization stores weights, and sometimes activations, in fewer bits than float32. A model gets smaller, and
+# faster wherever the hardware has kernels for the narrow type. This notebook measures every common method on a
+# small vision transformer and a CNN, tests four popular claims, then quantizes a fine-tuned language model.
 #
 # **You will learn**
 # 1. affine quantization in plain PyTorch: scale, zero point, symmetric or not, per tensor or per channel;
 # 2. every common method on both models: file size, latency, accuracy; torchao's `quantize_` and PT2E beside the
 #    deprecated `torch.ao` APIs;
 # 3. which claims hold: "4x smaller", "fp16 is fastest", "fp16 and int8 stack", "no accuracy lost";
-# 4. fine-tune then quantize (PTQ) against quantization-aware fine-tuning (QAT).
+# 4. fine-tune then quantize (PTQ) against quantization-aware fine-tuning (QAT);
+# 5. int8 dynamic quantization of a fine-tuned language model.
 #
-# **What you need:** notebook 00. A CPU is fine (`torch.ao`'s int8 kernels are CPU-only). On a GPU the table adds
-# GPU latencies and torchao's int4. On the small `ci`/`quick` models some speed differences lie within the timing
-# noise, and the findings say so.
+# **What you need:** notebook 00. A CPU is fine (`torch.ao`'s int8 kernels are CPU-only); a GPU adds GPU
+# latencies and torchao's int4. Some speed differences of small models lie within the noise, as the findings say.
 
 # %%
 import copy
@@ -125,9 +124,9 @@ display.table(methods, lab.methods_columns(methods))  # `methods` also says whic
 
 # %% [markdown]
 # **Dynamic** stores the Linear weights in int8 and quantizes each batch's activations on the fly; **weight-only**
-# keeps activations in float and dequantizes the weights inside the matmul (saving memory, and time only where
-# memory-bound); **static** fixes every activation's range beforehand from a few training **calibration** batches,
-# so convolutions and additions run in int8 too. **QAT** fine-tunes with the rounding simulated (section 4).
+# keeps activations in float and dequantizes the weights inside the matmul; **static** fixes every activation's
+# range beforehand from a few **calibration** batches, so convolutions run in int8 too. **QAT** fine-tunes with
+# the rounding simulated (section 4).
 #
 # **Predict first.** For `tiny_vit`: what fraction of the fp32 file will int8 dynamic keep, and how many
 # times fp32's speed will it run on this CPU?
@@ -269,9 +268,8 @@ print(stack)
 assert stack.fp16_input_error is not None and stack.int8_bytes < stack.fp16_bytes
 
 # %% [markdown]
-# With `torch.ao`'s int8 dynamic quantization they do not stack: its kernels take float32 activations, so fp16
-# inputs fail in the int8 layers and fp32 inputs in the fp16 layers. torchao's int8 weight-only layers do run on an
-# fp16 model.
+# With `torch.ao`'s int8 dynamic quantization they do not stack: its kernels take float32 activations only.
+# torchao's int8 weight-only layers do run on an fp16 model.
 #
 # ### 3.4 "Quantization costs no accuracy"
 # When accuracy falls, a few sensitive layers usually carry the loss: the first (it sees raw pixels), the last
@@ -298,8 +296,7 @@ assert set(sensitive.study) == {"fp32", "int8 static", *(f"{b}-bit weights (simu
 # %% [markdown]
 # Where quantizing everything stays within the noise, the claim holds. Fewer bits make each step coarser, and the
 # sensitive layers show first: the choice that won most back names the layer to keep in float (chosen on
-# validation, never test data). In `tiny_vit` the first and last layers hold under 3 % of
-# the parameters: keeping them in float costs little.
+# validation, never test data). They hold under 3 % of `tiny_vit`'s parameters.
 #
 # ## 4. Fine-tune then quantize, or quantization-aware training
 # **Post-training quantization** (PTQ, everything above) rounds a trained model. **Quantization-aware
@@ -355,11 +352,35 @@ assert (recipes.test_accuracy.between(0, 1)).all() and recipes.step_time_s.iloc[
 
 # %% [markdown]
 # QAT pays where PTQ loses accuracy: 4 bits and below, models with outliers. When PTQ is already within the
-# noise of fp32, as int8 often is, QAT has nothing to win back (the finding marks the gap "chance"). A QAT
-# step usually costs more than a float step (fake quantization forward and backward); on tiny models that
-# may hide in the step-time spread.
+# noise of fp32, as int8 often is, QAT has nothing to win back. A QAT step costs more than a float step (fake
+# quantization forward and backward), which on tiny models may hide in the step-time spread.
 #
-# ## 5. Your turn: the panel
+# ## 5. A fine-tuned language model
+# The classic case for int8 dynamic quantization: a fine-tuned transformer served on a CPU. Here the profile's
+# fine-tuned Llama (notebook 08's), every Linear in int8 or all but the output layer, scored on sorting digits.
+# **Predict first:** the int8 file as a fraction of fp32's?
+
+# %%
+guess_lm_size = None  # YOUR GUESS: e.g. 0.25
+
+# %%
+lm_quant = lab.lm_quantization()  # fp32, int8 dynamic (output layer int8 or float), fp32 timed again (cached)
+print(lab.lm_quantization_finding(lm_quant))
+print(guesses.versus(guess_lm_size, lm_quant.size_ratio.iloc[1], "int8 file / fp32 file"))
+display.table(lm_quant, ["variant", "model_size_bytes", "latency_per_token_s", "vs_fp32", "exact_match",
+                         "perplexity"])
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: int8 shrinks the file (embeddings stay float) and keeps the answers' perplexity close to fp32's
+q = lm_quant.set_index("variant")
+assert q.size_ratio[lab.ALL_INT8] <= q.size_ratio[lab.HEAD_FLOAT] < 0.6
+assert (q.perplexity[[lab.ALL_INT8, lab.HEAD_FLOAT]] < 1.2 * q.perplexity[lab.FP32]).all()
+
+# %% [markdown]
+# The token embeddings are a lookup, not a Linear layer, and stay float: the file shrinks toward a quarter only as
+# far as Linear weights dominate. Where the output layer costs quality, keeping it in float wins it back.
+#
+# ## 6. Your turn: the panel
 # Choose model, method and calibration batches (static int8 only), and press **Run**; each run adds bars
 # for size and CPU speed against fp32 and test accuracy. Try `int8_static` with 1 calibration batch and 16.
 
@@ -386,23 +407,19 @@ panel
 
 # %% [markdown]
 # ## Going further
-# - **bitsandbytes.** `int8_bnb` is LLM.int8(): int8 weights, the few activation columns above a threshold in 16
-#   bits. `nf4_bnb` is QLoRA's 4-bit NormalFloat: 16 levels at a normal distribution's quantiles, one scale per 64
-#   weights. Both target language models on GPUs; on a CPU they run a slow fallback whose kernel needs a multiple
-#   of 32 outputs, so the 10-class head stays float and the CNN reports NF4 as not run. Notebook 08 uses NF4 for
-#   QLoRA.
+# - **bitsandbytes.** `int8_bnb` is LLM.int8(); `nf4_bnb` is QLoRA's 4-bit NormalFloat (notebook 08). Both
+#   target GPUs; on a CPU a slow fallback needs 32k outputs, so the 10-class head stays float.
 # - **PT2E to int8 kernels:** `torch.compile(int8_graph)`; QAT by PT2E: `quantization.prepare_qat_pt2e`.
 # - **GPTQ and AWQ** choose 4-bit weight rounding from calibration data; **SmoothQuant** moves activation
 #   outliers into the weights; **fp8** (H100 and later) is in torchao too.
-# - Colab and Kaggle preinstall their own torchao, sometimes older than the tested one (the first cell
-#   prints both).
+# - Colab and Kaggle preinstall their own torchao (the first cell prints its version).
 
 # %% [markdown]
 # ## Summary
 # - Affine quantization: `q = clamp(round(w / s) + z)`, `w ≈ (q - z) s`; the error is at most half a step.
 # - Sizes are exact everywhere; speed depends on kernels: int8 on CPUs, fp16/bf16 on GPUs.
-# - int8 dynamic quantizes Linear layers only: a transformer shrinks to under a third, a CNN barely; static
-#   int8 and QAT quantize convolutions too.
+# - int8 dynamic quantizes Linear layers only: a transformer shrinks to under a third (its embeddings stay
+#   float), a CNN barely; static int8 and QAT quantize convolutions too.
 # - fp16 and `torch.ao`'s int8 dynamic do not stack; torchao's weight-only int8 runs on a 16-bit model.
 # - When accuracy drops, keep the first, last and LayerNorm layers in float; QAT helps where PTQ loses.
 # - torchao's `quantize_` and PT2E are the current APIs; `torch.ao.quantization` is deprecated.

@@ -148,6 +148,9 @@ METRICS: dict[str, Metric] = {
     "estimate_error": _m("formula against measured", "%", 100.0),
     "tokens_per_step": _m("tokens a step"),
     "micro_batch_rows": _m("rows a micro-batch"),
+    "latency_per_token_s": _m("CPU latency per token", "s"),
+    "perplexity": _m("perplexity of the answers"),
+    "vs_fp32": _m("latency against fp32", "x"),
     **{f"mem_{c}_bytes": _m(f"memory: {c.replace('_', ' ')}", BYTES) for c in MEMORY_CATEGORIES},
 }
 

@@ -229,3 +229,18 @@ def test_a_method_that_runs_on_the_gpu_is_not_reported_as_not_run_for_the_cpus_r
     both = not_run_reason(cpu_only, _Built(None, reason="QAT converts to torch.ao's int8 CPU kernels"))
     assert both == "CPU: int4_weight_only runs on CUDA only; GPU: QAT converts to torch.ao's int8 CPU kernels"
     assert not_run_reason(_Built(object()), _Built(object())) is None
+
+
+def test_int8_dynamic_on_the_fine_tuned_language_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("LABKIT_PROFILE", "ci")
+    cfg = labkit.workloads.lm_finetune_config(max_steps=4, train_size=64)
+    frame = lab.lm_quantization(cfg)
+    rows = frame.set_index("variant")
+    assert list(rows.index) == [lab.FP32, lab.ALL_INT8, lab.HEAD_FLOAT, lab.FP32_AGAIN]
+    assert rows.size_ratio[lab.ALL_INT8] < rows.size_ratio[lab.HEAD_FLOAT] < 0.4  # tiny_llama: Linear-heavy
+    assert (rows.perplexity[[lab.ALL_INT8, lab.HEAD_FLOAT]] < 1.1 * rows.perplexity[lab.FP32]).all()
+    assert (rows.latency_per_token_s > 0).all() and rows.scored_rows.iloc[0] == min(lab.LM_EVAL_ROWS, 128)
+    text = lab.lm_quantization_finding(frame)
+    assert text.startswith("On tiny_llama (fp32 3.05 MiB") and "int8 dynamic, output layer float" in text
+    assert lab.lm_quantization(cfg).equals(frame)  # read back from the cache

@@ -12,13 +12,24 @@ One module per section of the notebook:
 - `claims` (section 3): popular claims tested: file size, fp16's speed, fp16 with int8 dynamic.
 - `sensitivity` (section 3.4): which layers to keep in float, on the validation split.
 - `qat` (section 4): fine-tune then quantize against quantization-aware fine-tuning.
-- `panel` (section 5): what the notebook's panel runs.
+- `language` (section 5): int8 dynamic quantization of a fine-tuned language model: size, latency per token,
+  exact match and perplexity, the output layer kept in float or not.
+- `panel` (section 6): what the notebook's panel runs.
 
 The mechanisms are in `labkit.techniques.quantization`; the explanations are in the notebook.
 """
 
 from .claims import Stacking, fp16_finding, size_finding, stacking
 from .flows import FLOWS, flows, flows_finding
+from .language import (
+    ALL_INT8,
+    FP32,
+    FP32_AGAIN,
+    HEAD_FLOAT,
+    LM_EVAL_ROWS,
+    lm_quantization,
+    lm_quantization_finding,
+)
 from .methods import (
     CPU_BATCH_BESIDE_GPU,
     TABLE_METHODS,
@@ -59,6 +70,7 @@ from .workload import (
 )
 
 __all__ = [
+    "ALL_INT8", "FP32", "FP32_AGAIN", "HEAD_FLOAT", "LM_EVAL_ROWS", "lm_quantization", "lm_quantization_finding",
     "CALIBRATION_BATCHES", "CPU_BATCH_BESIDE_GPU", "EVAL_IMAGES", "FLOWS", "KEEP_FLOAT_CHOICES", "QAT",
     "SIMULATED_BITS", "SIMULATED_CHOICES", "TABLE_METHODS", "VIT", "QuantRun", "Stacking", "accuracy_noise",
     "api_finding", "calibration_batches", "chart_metrics", "compare", "compare_finding", "eval_accuracy",
