@@ -4,6 +4,7 @@ import re
 import time
 
 import pytest
+import torch
 
 import labkit
 from labkit import cli, env
@@ -153,3 +154,16 @@ def test_explain_names_a_known_error_from_an_exception_or_its_message():
     assert finding.title == 'training fails with "Attempting to unscale FP16 gradients"'
     assert "torch_dtype=torch.float16" in finding.cause and finding.status == "problem"
     assert doctor.explain("something else") is None
+
+
+def test_explain_points_a_language_models_out_of_memory_at_its_logits_and_attention():
+    cfg = labkit.RunConfig(model="tiny_llama_10m", dataset="pydoc_text", seq_len=256, batch_size=16,
+                           attn_implementation="eager", pretrained=False)
+    finding = doctor.explain(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), cfg)
+    assert finding.symptom == "lm_out_of_memory" and finding.problem
+    assert "16 rows x 256 tokens a micro-batch" in finding.cause and "logits" in finding.cause
+    assert "attn_implementation='sdpa'" in finding.remedy and "checkpointing=True" in finding.remedy
+    assert finding.numbers["logits"] > 0 and finding.numbers["total"] > finding.numbers["activations"]
+    assert doctor.explain("CUDA out of memory", labkit.RunConfig()) is None  # a vision run: no token numbers
+    sdpa = doctor.explain("CUDA out of memory", cfg.replace(attn_implementation="sdpa", checkpointing=True))
+    assert "sdpa" not in sdpa.remedy and "checkpointing=True" not in sdpa.remedy and "grad_accum" in sdpa.remedy

@@ -28,7 +28,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from . import config, evaluation, machine, measure, models, train
+from . import config, evaluation, machine, measure, models, text, train
+from .capacity.lm_memory import lm_training_memory
 from .config import RunConfig, load_config
 from .env import profile, resolve_device
 from .errors import ConfigError, DistributedError, NonFiniteLossError, UnsupportedError
@@ -37,6 +38,7 @@ from .labs.distributed.jobs import VIT
 from .messages import wrap
 from .results import cached_fit, cached_model
 from .techniques.precision import resolve_precision
+from .units import mib
 
 SYMPTOMS = {  # DESIGN.md's troubleshooting table, in its words
     "nan_loss": "loss becomes NaN",
@@ -46,7 +48,8 @@ SYMPTOMS = {  # DESIGN.md's troubleshooting table, in its words
     "distributed_hang": "distributed run hangs",
 }
 # Errors a learner's own loop raises, which `explain` names; not probed by `doctor` (labkit's loop never hits them)
-ERROR_SYMPTOMS = {"fp16_weights": "training fails with \"Attempting to unscale FP16 gradients\""}
+ERROR_SYMPTOMS = {"fp16_weights": "training fails with \"Attempting to unscale FP16 gradients\"",
+                  "lm_out_of_memory": "a language model runs out of memory (often only at long sequences)"}
 KNOWN_ERRORS = {
     "Attempting to unscale FP16 gradients": (
         "fp16_weights",
@@ -404,11 +407,42 @@ def probe_config(cfg: RunConfig, nproc: int) -> tuple[RunConfig | None, str]:
             f"; on {nproc} CPU processes over gloo with {VIT}: {here.gpu_count} GPU here, one process per GPU")
 
 
-def explain(error: BaseException | str) -> Finding | None:
-    """The likely cause and remedy of an error a training loop raised, where it is a known one (`KNOWN_ERRORS`).
+def _lm_memory_finding(message: str, cfg: RunConfig) -> Finding:
+    """Out of memory on a language model: the formula's largest parts at the run's shape, and what shrinks each."""
+    vocab = train.run_splits(cfg, training=False)["train"].tokenizer.vocab_size
+    seq_len = text.resolve_seq_len(cfg.dataset, cfg.seq_len)
+    precision = cfg.precision if cfg.precision in ("fp32", "bf16", "fp16") else "fp32"
+    rows = cfg.batch_size // cfg.grad_accum
+    parts = lm_training_memory(cfg.model, "lora" if cfg.lora_rank else "full", seq_len, rows, precision,
+                               lora_rank=cfg.lora_rank or 8,
+                               lora_targets="all" if cfg.lora_targets == "all-linear" else tuple(cfg.lora_targets),
+                               checkpointing=cfg.checkpointing is True, attn_implementation=cfg.attn_implementation,
+                               vocab_size=vocab if models.is_language_model(cfg.model) and cfg.model not in
+                               models.HUB_MODELS else None)
+    shape = f"{rows} rows x {seq_len} tokens a micro-batch"
+    remedies = []
+    if parts["logits"] > 0.25 * parts["total"] and cfg.loss_chunks is None:
+        remedies.append("chunked loss (loss_chunks=8: the logits a slice at a time)")
+    if cfg.attn_implementation == "eager":
+        remedies.append("attn_implementation='sdpa' (no L x L probabilities kept)")
+    if cfg.checkpointing is not True:
+        remedies.append("checkpointing=True (each decoder layer recomputed in the backward pass)")
+    remedies.append("a smaller micro-batch with grad_accum (the same tokens a step)")
+    cause = (f"at {shape} the formula puts activations at {mib(parts['activations'], '.3g')} and the logits at "
+             f"{mib(parts['logits'], '.3g')} (rows x length x {vocab:,} vocabulary, in float32) of a "
+             f"{mib(parts['total'], '.3g')} peak: both grow with the sequence length, eager attention's with its "
+             "square")
+    return Finding("lm_out_of_memory", "problem", message.strip()[:200], cause, "; ".join(remedies),
+                   numbers={k: parts[k] for k in ("activations", "logits", "total")})
+
+
+def explain(error: BaseException | str, cfg: RunConfig | None = None) -> Finding | None:
+    """The likely cause and remedy of an error a training loop raised, where it is a known one (`KNOWN_ERRORS`, and
+    running out of memory with a language model's ``cfg``).
 
     Args:
         error: the exception (or its message).
+        cfg: the run that raised it; for a language model out of memory, its numbers name the cause.
 
     Example:
         >>> try:
@@ -420,6 +454,9 @@ def explain(error: BaseException | str) -> Finding | None:
     for pattern, (symptom, cause, remedy) in KNOWN_ERRORS.items():
         if pattern in message:
             return Finding(symptom, "problem", message.strip(), cause, remedy)
+    out_of_memory = isinstance(error, torch.OutOfMemoryError) or "out of memory" in message.lower()
+    if out_of_memory and cfg is not None and models.is_language_model(cfg.model):
+        return _lm_memory_finding(message, cfg)
     return None
 
 
