@@ -2,17 +2,16 @@
 # # The recipe: stack the techniques, profile a step, troubleshoot
 #
 # Notebooks 01-08 each changed one thing. A real fine-tune stacks them, and stacked techniques do not simply
-# multiply their savings: freezing removes optimizer state that an 8-bit optimizer would have shrunk. This
-# notebook applies a staged recipe that follows notebooks 01-08 (blog posts circulate ones that do not: "bigger
-# batch, same learning rate, checkpointing always on") one stage at a time, measures each, and asks what order
-# the measurements suggest; then it profiles a training step and hands broken configs to `labkit.doctor`.
+# multiply their savings. This notebook applies a staged recipe that follows notebooks 01-08 (blog posts circulate
+# ones that do not: "bigger batch, same learning rate, checkpointing always on") one stage at a time, asks what
+# order the measurements suggest, profiles a step, and hands broken configs to `labkit.doctor`.
 #
 # **You will learn**
 # 1. a recipe as a YAML `RunConfig`, applied and measured stage by stage, in the recipe's order and the measured one;
 # 2. `torch.profiler` on one training step before and after mixed precision, and a trace to open in Perfetto;
 # 3. `labkit.doctor` diagnosing an exploding loss, AMP slower than fp32, accuracy lost to quantization, pruning
 #    that frees no memory, and a hanging distributed run;
-# 4. what each technique of notebooks 01-08 bought on this machine, from your own cached runs.
+# 4. what each technique of notebooks 01-08 bought on this machine, and a language model's recipe.
 #
 # **What you need:** notebooks 01-08 (section 6 reads their cached runs; unrun ones show as "not run yet"). A CPU
 # runs every section, but there the mixed-precision stage (sections 2-3) is fp32, its ratios noise, and the
@@ -106,16 +105,14 @@ axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
 # How to read it (the printed line names what happened here; a time counts as changed only outside the runs'
 # 10th-90th percentile spread, an accuracy only outside the test split's noise):
 #
-# - **A larger batch** uses more memory: activations grow with the batch (notebook 02). It pays in time where
-#   the smaller batch left the device idle; with fewer steps, accuracy falls unless the learning rate grows, which
-#   is why the recipe scales it (02's square-root rule) and warms it up.
+# - **A larger batch** uses more memory (notebook 02). It pays in time where the smaller batch left the device
+#   idle; with fewer steps, accuracy falls unless the learning rate grows: the recipe scales it and warms it up.
 # - **`precision: auto`** is bf16 on an A100 and on a CPU with native bf16, fp16 on a T4, fp32 on a P100 and
 #   on a CPU that would emulate bf16: there this stage changes nothing, by design.
 # - **Checkpointing** is not in it: it trades time for activation memory, which pays only when memory is the
 #   limit (03); the panel below can add it.
 # - **The 8-bit optimizer** shrinks AdamW's states, which follow the trainable parameters: few after freezing.
-# - **Freezing** removes gradients, optimizer state and most of the backward pass: often the largest saving. Its
-#   accuracy cost depends on how far the new task is from the pretraining one.
+# - **Freezing** removes gradients, optimizer state and most of the backward pass: often the largest saving.
 # - **int8 for inference** changes nothing in training and cuts the file to about a quarter.
 #
 # ## 3. The order the measurements suggest
@@ -137,9 +134,8 @@ assert rec.given.iloc[-1][["batch_size", "freeze", "quantize"]].tolist() == \
 assert rec.alone.error.isna().all() and len(rec.alone) == 6
 
 # %% [markdown]
-# Both orders end at the same config; the order decides what you have after each stage, and so where you can
-# stop: put the stage that buys the most first; one that buys little where it stands can be dropped.
-# Interactions are why an "alone" ratio does not predict its stacked one (exercise 2 measures by how much).
+# Both orders end at the same config; the order decides where you can stop: put the stage that buys the most
+# first. Interactions are why an "alone" ratio does not predict its stacked one (exercise 2 measures it).
 #
 # ## 4. Where the time goes: the profiler
 # `torch.profiler` records every operator a step runs, with its own ("self") time. The plain version, on
@@ -312,7 +308,29 @@ display.table(labkit.results.published("01_mixed_precision-speedup*", "09_recipe
 # These numbers move with the hardware: on a CPU mixed precision often costs time; on tensor-core GPUs PyTorch's
 # AMP recipe reports 2-3x. The recipe that fits is the one measured where it will run.
 #
-# ## 7. Your turn: the panel
+# ## 7. A language model's recipe
+# The same stacking for the profile's pretrained language model fine-tuned on sorting digits (notebook 08's),
+# with the language-model lessons: packed rows (10), `precision: auto` (01), LoRA on every linear layer (08),
+# 8-bit AdamW (03). **Predict first:** the whole recipe's peak as a fraction of the baseline's?
+
+# %%
+guess_lm_recipe_peak = None  # YOUR GUESS: e.g. 0.5
+
+# %%
+print(lab.LM_RECIPE_PATH.read_text())
+lm_rec = lab.lm_stages()  # the file's stages stacked in its order (cached)
+print(lab.lm_recipe_finding(lm_rec))
+lm_peak = lm_rec.peak_memory_bytes
+print(guesses.versus(guess_lm_recipe_peak, lm_peak.iloc[-1] / lm_peak.iloc[0], "recipe peak / baseline peak"))
+display.table(lm_rec, ["added", "real_tokens_per_s", "peak_memory_bytes", "accuracy", "precision_used"])
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: every stage ran, LoRA trains a small share, and the whole recipe lowers the peak
+assert lm_rec.error.isna().all() and lm_rec.num_trainable_params.iloc[-1] < 0.2 * lm_rec.num_trainable_params.iloc[0]
+assert lm_peak.iloc[-1] < lm_peak.iloc[0]
+
+# %% [markdown]
+# ## 8. Your turn: the panel
 # Choose the stages and press **Run**; runs are cached, and the bars compare every setting run this session
 # (bs: batch size, ckpt: checkpointing).
 

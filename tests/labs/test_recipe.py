@@ -215,3 +215,18 @@ def test_the_shipped_recipe_prints_without_wrapping():
     from labkit.messages import WIDTH
 
     assert all(len(line) <= WIDTH for line in lab.RECIPE_PATH.read_text().splitlines())  # 09 prints the file
+
+
+def test_the_language_model_recipe_is_checked_on_its_baseline_and_stacked(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("LABKIT_PROFILE", "ci")
+    base = labkit.workloads.lm_finetune_config(max_steps=4, train_size=128, batch_size=16, evaluate=False)
+    stages = lab.recipe_stages(lab.LM_RECIPE_PATH, base)
+    assert [s.key for s in stages] == ["packing", "precision", "lora_rank", "optimizer"]
+    assert stages[2].changes == {"lora_rank": 8, "lora_targets": "all-linear", "lr": 0.003}  # lr goes with LoRA
+    with pytest.raises(ConfigError, match="packing='pack' is not allowed"):
+        lab.recipe_stages(lab.LM_RECIPE_PATH)  # checked alone it is a vision config, where packing means nothing
+    frame = lab.lm_stages(base)
+    assert frame.added.tolist()[0] == "baseline" and frame.error.isna().all() and len(frame) == 5
+    assert frame.num_trainable_params.iloc[-1] < 0.2 * frame.num_trainable_params.iloc[0]
+    assert frame.peak_memory_bytes.iloc[-1] < frame.peak_memory_bytes.iloc[0]

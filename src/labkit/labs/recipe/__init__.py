@@ -4,9 +4,11 @@
   stage alone, and in the order those measurements suggest (`staged`, `measured_order`).
 - `profiler`: one training step under ``torch.profiler`` before and after mixed precision (`profile_step`).
 - `panel`: the broken configs handed to `labkit.doctor` (`BROKEN`, `broken`), and the panel's run.
+- `language`: a language model's recipe (`LM_RECIPE_PATH`) stacked in the given order (`lm_stages`).
 - `summary`: what each technique of notebooks 01-08 bought on this machine, from the learner's cached runs.
 """
 
+from .language import LM_RECIPE_PATH, lm_recipe_finding, lm_stages
 from .panel import BROKEN, HANG, RecipeRun, broken, panel_config, panel_run
 from .profiler import (
     CASTS,
@@ -42,6 +44,7 @@ from .stages import (
     stacked_configs,
     stacked_memory_ratio,
     stage_chart_frame,
+    stage_rows,
     stage_table,
     staged,
     workload,
@@ -49,6 +52,7 @@ from .stages import (
 from .summary import SUMMARY_COLUMNS, Technique, cached_runs, reference_rows, summary, summary_finding
 
 __all__ = [
+    "LM_RECIPE_PATH", "lm_recipe_finding", "lm_stages", "stage_rows",
     "ALONE", "BROKEN", "CASTS", "GIVEN", "HANG", "MEASURED", "OP_KINDS", "OWN_STACK", "PROFILE_TOP", "RECIPE_PATH",
     "STAGE_COLUMNS", "SUMMARY_COLUMNS", "ProfiledStep", "Recipe", "RecipeRun", "Stage", "Technique", "broken",
     "cached_runs", "changes_nothing", "kinds_frame", "kinds_table", "measured_order", "op_kind", "operator_rows",

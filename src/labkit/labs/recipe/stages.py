@@ -23,12 +23,15 @@ from ...messages import worded
 
 RECIPE_PATH = Path(__file__).resolve().parents[2] / "assets" / "recipes" / "staged_recipe.yaml"
 # Fields that belong to the stage of another field (LoRA's rank carries its targets, quantize its kept layers).
+# A learning rate goes with a larger batch (scaled, warmed up) or else with LoRA (its larger step): the first of
+# the owners the file has.
 STAGE_OF = {"lora_targets": "lora_rank", "lora_alpha": "lora_rank", "lora_dropout": "lora_rank",
             "quantize_keep_float": "quantize", "prune_structured": "prune_amount",
-            "lr": "batch_size", "lr_warmup_steps": "batch_size"}  # a larger batch with its scaled, warmed-up lr
-STAGE_NAMES = {"batch_size": "larger batch", "precision": "mixed precision", "checkpointing": "checkpointing",
-               "optimizer": "8-bit optimizer", "freeze": "freezing", "lora_rank": "LoRA", "grad_accum": "accumulation",
-               "quantize": "quantization", "prune_amount": "pruning", "channels_last": "channels_last"}
+            "lr": ("batch_size", "lora_rank"), "lr_warmup_steps": "batch_size"}
+STAGE_NAMES = {"packing": "packing", "batch_size": "larger batch", "precision": "mixed precision",
+               "checkpointing": "checkpointing", "optimizer": "8-bit optimizer", "freeze": "freezing",
+               "lora_rank": "LoRA", "grad_accum": "accumulation", "quantize": "quantization",
+               "prune_amount": "pruning", "channels_last": "channels_last"}
 INFERENCE_FIELDS = ("quantize", "prune_amount")  # stages that act on the trained model: they stay last
 ORDER_METRICS = ("peak_memory_bytes", "epoch_time_s")  # what the measured order ranks each stage alone by
 MIN_EPOCHS = 2  # one epoch of ci's 512 images is 2 steps at batch 256: fewer than the untimed ones
@@ -81,23 +84,36 @@ def value_text(value) -> str:
     return str(value)
 
 
-def recipe_stages(path: str | Path = RECIPE_PATH) -> list[Stage]:
+def _owner(key: str, keys: list[str]) -> str:
+    owner = STAGE_OF.get(key, key)
+    if isinstance(owner, tuple):
+        return next((o for o in owner if o in keys), owner[0])
+    return owner
+
+
+def recipe_stages(path: str | Path = RECIPE_PATH, base: RunConfig | None = None) -> list[Stage]:
     """The stages of a recipe file, in the file's order, checked as a `RunConfig` first (an unknown key is an error).
 
     Args:
         path: the YAML file. Each key is one stage, with the keys that belong to it (`STAGE_OF`).
+        base: the config the stages apply to, on which the file is checked (None: the file alone; a language
+            model's recipe needs its model).
 
     Example:
         >>> [s.key for s in recipe_stages()]
         ['batch_size', 'precision', 'optimizer', 'freeze', 'quantize']
     """
     path = Path(path)
-    loaded = load_config(path)
-    keys = list(parse_yaml(path.read_text(), path.name) or {})
+    if base is None:
+        loaded = load_config(path)
+        keys = list(parse_yaml(path.read_text(), path.name) or {})
+    else:
+        values = parse_yaml(path.read_text(), path.name) or {}
+        keys = list(values)
+        loaded = RunConfig.from_dict({**base.to_dict(), **values}, source=path.name)
     stages: dict[str, dict] = {}
     for key in keys:
-        owner = STAGE_OF.get(key, key)
-        stages.setdefault(owner, {})[key] = getattr(loaded, key)
+        stages.setdefault(_owner(key, keys), {})[key] = getattr(loaded, key)
     if not stages:
         raise ConfigError(path.name, "{}", "at least one RunConfig field: each key is a stage")
     for owner, changes in stages.items():
@@ -115,7 +131,9 @@ def stacked_configs(base: RunConfig, stages: list[Stage]) -> list[tuple[str, Run
     return configs
 
 
-def _rows(configs: list[tuple[str, RunConfig]], order: str, refresh: bool, progress: bool) -> pd.DataFrame:
+def stage_rows(configs: list[tuple[str, RunConfig]], order: str, refresh: bool, progress: bool) -> pd.DataFrame:
+    """The runs of ``configs`` (cached), one row per stage: ``order``, ``stage``, ``added``, the runs' columns, the
+    epoch time with its spread, and the deployed model's accuracy and size."""
     done = results.run_configs([cfg for _, cfg in configs], refresh=refresh, progress=progress)
     frame = results.to_frame(done)
     frame.insert(0, "order", order)
@@ -193,12 +211,12 @@ def staged(base: RunConfig | None = None, path: str | Path = RECIPE_PATH, refres
         >>> rec = staged(); stage_table(rec)
     """
     base = workload() if base is None else base
-    stages = recipe_stages(path)
-    given = _rows(stacked_configs(base, stages), GIVEN, refresh, progress)
-    alone = _rows([("baseline", base), *((s.label(), base.replace(**s.changes)) for s in stages)], ALONE, refresh,
+    stages = recipe_stages(path, base)
+    given = stage_rows(stacked_configs(base, stages), GIVEN, refresh, progress)
+    alone = stage_rows([("baseline", base), *((s.label(), base.replace(**s.changes)) for s in stages)], ALONE, refresh,
                   progress)
     order = measured_order(stages, alone)
-    measured = _rows(stacked_configs(base, order), MEASURED, refresh, progress)
+    measured = stage_rows(stacked_configs(base, order), MEASURED, refresh, progress)
     return Recipe(base, stages, order, given, alone, measured)
 
 

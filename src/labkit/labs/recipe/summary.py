@@ -56,7 +56,7 @@ def _techniques(prof: Profile) -> list[Technique]:
                   lambda c: ("medium", "heavy", "light", "head_only").index(c.freeze)),
         Technique("08", "LoRA", lambda c: c.lora_rank is not None,
                   lambda c: {"lora_rank": None, **config.LORA_DEFAULTS},
-                  lambda c: (c.lora_rank != 8, c.lora_targets != ("qkv",), c.lora_rank),
+                  lambda c: (c.lora_rank != 8, c.lora_targets != ("q_proj", "v_proj"), c.lora_rank),
                   ignore=("lr",)),
     ]
 
