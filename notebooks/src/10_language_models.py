@@ -257,10 +257,9 @@ assert on < 0.8 * off, "checkpointing keeps fewer activations"
 assert set(kernels.impl) == {"forloop", "foreach", "fused"} and (kernels.step_time_s > 0).all()
 
 # %% [markdown]
-# A first compile on a machine takes tens of seconds; Inductor keeps the compiled kernels in a cache on disk, so
-# the same shapes compile again in seconds (which of the two this run paid is printed above). Compiling pays back
-# over many steps, mostly on a GPU, where fusing small operations saves memory traffic and kernel launches; on a
-# CPU the gain is often inside the noise. The fused AdamW kernel updates every tensor in one pass.
+# A first compile takes tens of seconds; Inductor caches the kernels on disk, so the same shapes compile again in
+# seconds (the line above says which this run paid). Compiling pays back over many steps, mostly on a GPU, where
+# fusing small operations saves memory traffic; on a CPU the gain is often inside the noise.
 #
 # ## 8. The KV cache at inference
 # Generating token t+1 needs the keys and values of every earlier token. The **KV cache** keeps them, so each new
@@ -363,6 +362,18 @@ assert by_model.apply(lambda t: t.is_monotonic_decreasing).all(), "full > LoRA >
 # | packed training worse than padded | documents attend to each other | restart position ids, `use_cache=False` |
 # | most of a batch is padding | padding every row to the maximum length | pad to the batch's longest, or pack |
 # | compile makes the run slower | compile time counted, new shapes recompile | fixed shapes, long runs |
+#
+# `labkit.troubleshoot.explain(error, cfg)` reads an out-of-memory error against the run's own numbers. What it
+# says for this notebook's run at 256 tokens with eager attention:
+
+# %%
+oom = labkit.troubleshoot.explain(torch.OutOfMemoryError("CUDA out of memory"),
+                                  lab.speed_config(seq_len=256, attn_implementation="eager"))
+print(oom)
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: the doctor names the run's shape and the switches that shrink it
+assert oom.problem and "256 tokens" in oom.cause and "attn_implementation='sdpa'" in oom.remedy
 
 # %% [markdown]
 # ## Going further
