@@ -257,7 +257,7 @@ def test_the_language_model_arm_compares_fp32_with_the_low_precision(tmp_path, m
 
 def test_the_fp16_weights_pitfall_fails_as_on_a_t4_and_the_doctor_names_it():
     pitfall = lab.fp16_weights_pitfall()
-    assert pitfall["error"] == "Attempting to unscale FP16 gradients."
+    assert pitfall["error"] == "Attempting to unscale FP16 gradients." and pitfall["trainable_dtype"] == "torch.float16"
     assert 0 < pitfall["fixed_loss"] < 10  # float32 trainable weights: the same fp16-autocast step trains
     finding = labkit.troubleshoot.explain(pitfall["error"])
     assert finding.problem and finding.symptom == "fp16_weights" and "float32" in finding.remedy

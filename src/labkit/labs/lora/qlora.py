@@ -121,13 +121,11 @@ def qlora_model(cfg: RunConfig, setup: str, rank: int = 8) -> nn.Module | str:
         return reason
     model = fresh_model(cfg, pretrained=True)
     chosen = matching_linears(model, ALL_LINEAR)
-    for name in chosen:
+    others = [name for name in linear_names(model) if name not in chosen]  # the output layer: 16-bit in both
+    for name in chosen + others:
         model.get_submodule(name).to(half)
     if setup == BASE16:
         return add_lora(model, rank, ALPHA, ALL_LINEAR, dtype=adapters)
-    others = [name for name in linear_names(model) if name not in chosen]  # the output layer stays 16-bit
-    for name in others:
-        model.get_submodule(name).to(half)
     nf4 = quantization.quantize(model.to(device), "nf4_bnb", keep_float=others)
     del model
     for layer in nf4.modules():

@@ -77,10 +77,11 @@ def fp16_weights_pitfall(model_name: str = "tiny_llama", device: str = "cpu") ->
     batch = text.collate([split[i] for i in range(8)]).to(device)
     model = build_language_model(model_name, split.tokenizer.vocab_size, pretrained=False)[0].to(device)
     loaded_in_fp16 = model.half()  # what from_pretrained(..., torch_dtype=torch.float16) gives
+    trainable_dtype = str(next(p.dtype for p in loaded_in_fp16.parameters() if p.requires_grad))
     error = None
     try:
         _one_step(loaded_in_fp16, batch, device)
     except ValueError as exc:  # GradScaler: "Attempting to unscale FP16 gradients."
         error = str(exc)
     fixed_loss = _one_step(loaded_in_fp16.float(), batch, device)  # trainable weights in float32, autocast in fp16
-    return {"error": error, "fixed_loss": fixed_loss, "trainable_dtype": "torch.float16"}
+    return {"error": error, "fixed_loss": fixed_loss, "trainable_dtype": trainable_dtype}
