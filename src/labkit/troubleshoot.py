@@ -453,7 +453,7 @@ def explain(error: BaseException | str, cfg: RunConfig | None = None) -> Finding
     message = str(error)
     for pattern, (symptom, cause, remedy) in KNOWN_ERRORS.items():
         if pattern in message:
-            return Finding(symptom, "problem", message.strip(), cause, remedy)
+            return Finding(symptom, "problem", "raised by this run", cause, remedy)
     out_of_memory = isinstance(error, torch.OutOfMemoryError) or "out of memory" in message.lower()
     if out_of_memory and cfg is not None and models.is_language_model(cfg.model):
         return _lm_memory_finding(message, cfg)
