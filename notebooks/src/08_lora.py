@@ -325,8 +325,8 @@ assert fits.groupby("model", sort=False).total_bytes.apply(lambda t: t.is_monoto
 
 # %% [markdown]
 # Full fine-tuning pays 16 bytes a parameter before any activation, so a T4 stops near half a billion
-# parameters; LoRA keeps a 16-bit base, and QLoRA's 4-bit base is how a 7B model fits. On a GPU, count 10-20 %
-# more than the formula for CUDA's context and caching.
+# parameters; LoRA keeps a 16-bit base, and QLoRA's 4-bit base is how a 7B model fits. On a GPU, count more than
+# the formula: CUDA's context and the allocator's caching are not in it.
 #
 # ## 7. Merged inference
 # Unmerged, every adapted layer adds two thin matmuls to each forward. `lora.merge_and_unload(model)` merges each

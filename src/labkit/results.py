@@ -37,7 +37,7 @@ from .messages import note
 from .models import checkpoint_dir
 from .project import __version__
 from .result import MEMORY_CATEGORIES, RunResult
-from .train import build_run_model, fit, prepare_model, run_splits
+from .train import fit, prepare_model, run_splits
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
 METRIC_COLUMNS = (
@@ -154,7 +154,8 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True,
         except (ValueError, TypeError, RuntimeError, EOFError):
             pass  # unreadable: train again
         else:
-            model = build_run_model(cfg, run_splits(cfg, training=False)["train"], pretrained=False)[0]
+            split = run_splits(cfg, training=False)["train"]
+            model = models.build_for_split(cfg.model, split, False, cfg.attn_implementation)[0]
             prepare_model(model, cfg)  # the run's LoRA layers (their weights are in the state), checkpointing, freezing
             model.load_state_dict(state)
             memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format

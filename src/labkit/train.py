@@ -101,19 +101,6 @@ def _given_weights(model: torch.nn.Module, cfg: RunConfig) -> models.WeightsInfo
     return models.WeightsInfo("given")
 
 
-def build_run_model(cfg: RunConfig, split, pretrained: bool) -> tuple[torch.nn.Module, models.WeightsInfo]:
-    """``cfg.model`` sized for ``split`` (a language model for its tokenizer, a classifier for its classes).
-
-    Args:
-        cfg: the run (``model``, ``attn_implementation``). split: its training split. pretrained: start weights.
-    """
-    if models.is_language_model(cfg.model):
-        tokenizer = split.tokenizer
-        return models.build_language_model(cfg.model, tokenizer.vocab_size, pretrained, cfg.attn_implementation,
-                                           tokenizer)
-    return models.build(cfg.model, split.num_classes, pretrained=pretrained)
-
-
 def prepare_model(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
     """What ``cfg``'s technique fields do to a model before training: LoRA adapters, checkpointing, freezing.
 
@@ -199,7 +186,8 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         if model is None:
-            model, self.weights = build_run_model(cfg, self.train_split, cfg.pretrained)
+            model, self.weights = models.build_for_split(cfg.model, self.train_split, cfg.pretrained,
+                                                        cfg.attn_implementation)
         else:
             self.weights = _given_weights(model, cfg)
             self.baseline_bytes = max(0, self.baseline_bytes - measure.tensor_bytes(model, self.device))

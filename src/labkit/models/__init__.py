@@ -19,6 +19,7 @@ from .catalog import (
     available,
     block_names,
     build,
+    build_for_split,
     build_language_model,
     forward_head,
     has_batchnorm,
@@ -44,6 +45,7 @@ from .language import (
 
 __all__ = ["Attention", "CHECKPOINT_DIR_ENV", "MANIFEST_NAME", "PatchEmbed", "SHIPPED_CHECKPOINTS", "SmallCNN",
            "TinyViT", "TokenMean", "TransformerBlock", "WeightsInfo", "available", "block_names", "build",
+           "build_for_split",
            "build_language_model", "LANGUAGE_MODELS", "is_language_model", "language_models", "max_positions",
            "uncounted_attention_flops", "HUB_MODELS", "DecoderShape", "HubModel", "build_hub_model", "hub_config",
            "hub_models", "hub_tokenizer",

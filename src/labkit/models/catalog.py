@@ -134,6 +134,19 @@ def build_language_model(name: str, vocab_size: int, pretrained: bool = True, at
     return model, WeightsInfo("random", warning)
 
 
+def build_for_split(name: str, split, pretrained: bool,
+                    attn_implementation: str = "sdpa") -> tuple[nn.Module, WeightsInfo]:
+    """Model ``name`` sized for ``split``: a language model for its tokenizer, a classifier for its classes.
+
+    Args:
+        name: a vision or language model's name. split: its training split (``TokenData`` or ``ImageData``).
+        pretrained: start weights. attn_implementation: a language model's attention.
+    """
+    if is_language_model(name):
+        return build_language_model(name, split.tokenizer.vocab_size, pretrained, attn_implementation, split.tokenizer)
+    return build(name, split.num_classes, pretrained=pretrained)
+
+
 def _imagenet_weights(name: str):
     """torchvision's default ImageNet weights for ``name``, or None (labkit's own models have none)."""
     if name in ("small_cnn", "tiny_vit"):
