@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every test: the setup (`make install`), lint, the import layers, unit tests, every notebook under nbval, then
-# every notebook in JupyterLab in headless Chromium (tests/browser: the learner's view, panels driven), then Colab's
-# image (its ipywidgets 7.7.1 among its versions). Run through `make test`. Prints how long each part took.
+# Every test: the setup (`make install`), lint, the import layers, unit tests, every notebook under nbval, every
+# notebook again on `full`'s code path with its models shrunk (LABKIT_SHRINK), then every notebook in JupyterLab in
+# headless Chromium (tests/browser: the learner's view, panels driven), then Colab's current image (Python 3.13, its
+# torch, PEFT and old torchao, ipywidgets 7.7.1). Run through `make test`. Prints how long each part took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -49,6 +50,19 @@ part unit-tests env OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovid
   "${XDIST[@]}" --durations=15
 part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest --nbval-lax --nbval-current-env -q -p no:cacheprovider \
   "${XDIST[@]}" --durations=15 notebooks/
+# `full`'s code path on the CPU: every notebook at the `full` profile with its models shrunk but keeping their
+# architecture (labkit.env.FULL_SHRUNK: a couple of decoder layers with tied embeddings, GQA and Qwen's biases, the
+# BatchNorm ResNet-18 at half width), random weights, offline; its own results cache, which is never `ci`'s.
+full_shapes() {
+  local data
+  data=$(mktemp -d)
+  env OMP_NUM_THREADS=1 LABKIT_PROFILE=full LABKIT_SHRINK=1 LABKIT_DATA_DIR="$data" "$PY" -m pytest --nbval-lax \
+    --nbval-current-env -q -p no:cacheprovider "${XDIST[@]}" --durations=10 notebooks/
+  local status=$?
+  rm -rf "$data"
+  return $status
+}
+part full-shapes full_shapes
 # After nbval, so that the notebooks' runs come from the result cache it filled (the panels' runs use new
 # settings, so they train for real); two notebooks at a time on CI's 2 cores. Screenshots: build/browser/.
 # Without Chromium this part says how to get it and skips; .ci/run sets LABKIT_REQUIRE_BROWSER=1, where it fails.

@@ -192,3 +192,22 @@ def test_pyproject_floor_matches_min_torch():
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     assert f"torch>={env.MIN_TORCH[0]}.{env.MIN_TORCH[1]}" in deps
+
+
+def test_full_shrunk_is_fulls_code_path_at_cpu_size(monkeypatch):
+    # make test's full-shapes part: LABKIT_PROFILE=full LABKIT_SHRINK=1
+    monkeypatch.setenv("LABKIT_PROFILE", "full")
+    assert labkit.profile() is env.PROFILES["full"] and not labkit.profile().shrunk
+    monkeypatch.setenv("LABKIT_SHRINK", "1")
+    shrunk = labkit.profile()
+    assert shrunk is env.FULL_SHRUNK and shrunk.name == "full" and shrunk.shrunk
+    assert (shrunk.model, shrunk.image_size is not None) == ("resnet18", True)  # full's model, its upsampling
+    assert shrunk.train_size == env.PROFILES["ci"].train_size and shrunk.max_steps < env.PROFILES["ci"].max_steps
+    report = labkit.env_report()
+    assert report["profile"] == "full" and report["shrunk"] is True
+    assert env.profile_of(report) is env.FULL_SHRUNK and env.profile_of("full") is env.FULL_SHRUNK
+    assert env.profile_of({"profile": "full", "shrunk": False}) is env.PROFILES["full"]
+    # a cached result of the shrunk models never stands in for the real workload's
+    assert env.hardware_key(report) != env.hardware_key({**report, "shrunk": None})
+    monkeypatch.setenv("LABKIT_PROFILE", "ci")
+    assert labkit.profile() is env.PROFILES["ci"]  # shrinking is `full`'s alone

@@ -270,3 +270,18 @@ def test_tiny_vit_puts_almost_all_its_work_in_linear_layers():
     counts = counter.get_flop_counts()["Global"]
     matmuls = sum(v for op, v in counts.items() if "addmm" in str(op) or "mm" in str(op) or "bmm" in str(op))
     assert matmuls / counter.get_total_flops() > 0.85
+
+
+def test_the_shrunk_resnet_keeps_resnet18s_stages_blocks_and_batchnorm(monkeypatch):
+    from labkit.models.architectures import shrunk_resnet
+
+    real, _ = models.build("resnet18", 10, pretrained=False)
+    small = shrunk_resnet("resnet18", 10)
+    small.labkit_name = "resnet18"
+    assert [n for n, _ in models.named_stages(small)] == [n for n, _ in models.named_stages(real)]
+    assert [type(m).__name__ for m in small.modules()][1:] == [type(m).__name__ for m in real.modules()][1:]
+    assert models.has_batchnorm(small) and small(torch.randn(2, 3, 48, 48)).shape == (2, 10)
+    assert sum(p.numel() for p in small.parameters()) < 0.3 * sum(p.numel() for p in real.parameters())
+    monkeypatch.setenv("LABKIT_SHRINK", "1")
+    built, weights = models.build("resnet18", 10)  # what `full` builds under LABKIT_SHRINK
+    assert built.fc.in_features == 256 and weights.source == "random" and "half its width" in weights.warning

@@ -32,6 +32,7 @@ from .project import __version__
 MIN_TORCH = (2, 5)
 PROFILE_ENV = "LABKIT_PROFILE"
 OFFLINE_ENV = "LABKIT_OFFLINE"
+SHRINK_ENV = "LABKIT_SHRINK"
 
 
 def check_torch(version: str) -> None:
@@ -75,6 +76,8 @@ class Profile:
     dataset: str = "shapes10"
     image_size: int | None = None  # inputs upsampled to this size (None: the dataset's own)
     batch_size: int = 64
+    # `full`'s code path with its models shrunk to CPU size (``$LABKIT_SHRINK``; `FULL_SHRUNK`): never a learner's
+    shrunk: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,6 +97,19 @@ PROFILES = {
                     repeats=50, batch_sizes=(8, 16, 32, 64, 128, 256), sweep_epochs=2, emulated_steps=150,
                     model="resnet18", dataset="cifar10", image_size=128, batch_size=128),
 }
+# `full`'s code path on a CPU, for `make test`'s full-shapes part (``LABKIT_PROFILE=full LABKIT_SHRINK=1``): every
+# branch `full` takes (its models, its LoRA ranks and sweeps, QLoRA on a hub model) with the models shrunk but keeping
+# their architecture (`labkit.models.hub.shrunk_shape`: a couple of decoder layers, tied embeddings, GQA, biases;
+# `labkit.models.architectures.shrunk_resnet`: the BatchNorm ResNet-18 at half its width, on 48x48 inputs),
+# random weights, generated data instead of CIFAR-10 (offline), `ci`'s sizes and half its steps.
+FULL_SHRUNK = Profile("full", train_size=512, val_size=128, test_size=128, max_steps=8, warmup_steps=1, repeats=3,
+                      batch_sizes=(8, 16, 32, 64), sweep_epochs=1, emulated_steps=8, latency_batch=16,
+                      model="resnet18", dataset="shapes10", image_size=48, batch_size=32, shrunk=True)
+
+
+def shrink_requested() -> bool:
+    """True when ``$LABKIT_SHRINK`` is ``1``, ``true`` or ``yes``: `full` runs its code path with CPU-sized models."""
+    return os.environ.get(SHRINK_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def profile(name: str | None = None) -> Profile:
@@ -108,10 +124,26 @@ def profile(name: str | None = None) -> Profile:
         name = os.environ.get(PROFILE_ENV) or None
         field = PROFILE_ENV
     if name is None:
-        return PROFILES["full" if cuda_usable() else "quick"]
+        name = "full" if cuda_usable() else "quick"
     if name not in PROFILES:
         raise ConfigError(field, name, f"one of {sorted(PROFILES)}")
-    return PROFILES[name]
+    return FULL_SHRUNK if name == "full" and shrink_requested() else PROFILES[name]
+
+
+def profile_of(run: dict | str | None) -> Profile | None:
+    """The profile a run was made under, from its `env_report` or its profile's name (None when it names none).
+
+    A name alone is read as the active profile when the names agree (``full`` under ``$LABKIT_SHRINK`` is
+    `FULL_SHRUNK`; a result cache keeps the two apart, `hardware_key`).
+    """
+    report = run if isinstance(run, dict) else {"profile": run}
+    name = report.get("profile")
+    if name not in PROFILES:
+        return None
+    active = profile()
+    if active.name == name and ("shrunk" not in report or bool(report["shrunk"]) == active.shrunk):
+        return active
+    return FULL_SHRUNK if name == "full" and report.get("shrunk") else PROFILES[name]
 
 
 def detect_platform() -> str:
@@ -132,8 +164,8 @@ def cuda_arch_problem(index: int = 0) -> str | None:
     """Why this torch cannot run kernels on GPU ``index`` though ``torch.cuda.is_available()``; None when it can.
 
     A torch build carries kernels for a list of architectures (``torch.cuda.get_arch_list()``, e.g. ``sm_75``);
-    `labkit.machine.arch_problem` has the rule. Kaggle's P100 (sm_60) with a torch built from sm_70 on is
-    available, and fails at its first kernel. Inside `labkit.machine.described`, the described GPU's answer.
+    `labkit.machine.arch_problem` has the rule. A P100 (sm_60, Kaggle's GPU until 2026) with a torch built from
+    sm_70 on is available, and fails at its first kernel. Inside `labkit.machine.described`, the described GPU's answer.
 
     Example:
         >>> cuda_arch_problem()   # None on a supported GPU
@@ -295,7 +327,10 @@ def env_report(device: str = "auto") -> EnvReport:
     tf32 = tf32_state()
     report["tf32_matmul"], report["tf32_conv"] = tf32["matmul"], tf32["conv"]
     report["platform"] = detect_platform()
-    report["profile"] = profile().name
+    active = profile()
+    report["profile"] = active.name
+    if active.shrunk:  # `full`'s code path with CPU-sized models: its results are never the real workload's
+        report["shrunk"] = True
     report["python"] = _platform.python_version()
     report["torch"] = torch.__version__
     report["torchvision"] = _version("torchvision")
@@ -304,8 +339,8 @@ def env_report(device: str = "auto") -> EnvReport:
 
 
 def hardware_key(report: dict) -> str:
-    """What makes two measurements comparable: device, GPU, torch version, profile."""
-    return "|".join(str(report.get(k)) for k in ("device", "gpu", "cpu", "torch", "profile"))
+    """What makes two measurements comparable: device, GPU, torch version, profile (shrunk or not)."""
+    return "|".join(str(report.get(k)) for k in ("device", "gpu", "cpu", "torch", "profile", "shrunk"))
 
 
 class _SkipUnusedKernelNotice(logging.Filter):

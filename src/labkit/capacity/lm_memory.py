@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import ConfigError
-from ..models.hub import HUB_MODELS, DecoderShape
+from ..models.hub import HUB_MODELS, DecoderShape, built_shape
 from ..models.language import LANGUAGE_MODELS
 from ..validate import is_int
 from .accounting import training_memory
@@ -47,7 +47,8 @@ _HALF = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def decoder_shape(model: str | DecoderShape, vocab_size: int | None = None) -> DecoderShape:
-    """The `DecoderShape` of ``model``: a hub name, one of labkit's Llamas (``vocab_size`` needed) or a shape.
+    """The `DecoderShape` of ``model``: a hub name (the shape built here, `labkit.models.hub.built_shape`), one of
+    labkit's Llamas (``vocab_size`` needed) or a shape.
 
     Example:
         >>> decoder_shape("tiny_llama", vocab_size=2048).num_parameters()
@@ -55,7 +56,7 @@ def decoder_shape(model: str | DecoderShape, vocab_size: int | None = None) -> D
     if isinstance(model, DecoderShape):
         shape = model
     elif model in HUB_MODELS:
-        shape = HUB_MODELS[model].shape
+        shape = built_shape(model)  # what labkit builds under that name here (shrunk under $LABKIT_SHRINK)
     elif model in LANGUAGE_MODELS:
         if vocab_size is None:
             raise ConfigError("vocab_size", None, f"the tokenizer's vocabulary size for {model} (e.g. 2048)")

@@ -127,3 +127,39 @@ class TinyViT(nn.Module):
         for module in self.children():
             x = module(x)
         return x
+
+
+# `shrunk_resnet`: torchvision's ResNet layouts by name (block, blocks per stage).
+RESNET_LAYOUTS = {"resnet18": ("BasicBlock", (2, 2, 2, 2)), "resnet50": ("Bottleneck", (3, 4, 6, 3))}
+SHRUNK_WIDTH_DIVISOR = 2  # half: the stem keeps about its real share of the FLOPs (1/4 doubled it)
+
+
+def shrunk_resnet(name: str, num_classes: int, divisor: int = SHRUNK_WIDTH_DIVISOR) -> nn.Module:
+    """torchvision's ResNet ``name`` at 1/``divisor`` of its width: the same stem, stages, blocks, strides, BatchNorm
+    layers, shortcuts and module names (``conv1`` ... ``layer4``, ``fc``), a quarter of its parameters at half width.
+    The ``full`` profile's ResNet-18 under ``$LABKIT_SHRINK`` (`labkit.env.FULL_SHRUNK`).
+
+    Example:
+        >>> sum(p.numel() for p in shrunk_resnet("resnet18", 10).parameters())
+        2801450
+    """
+    if name not in RESNET_LAYOUTS:
+        raise ConfigError("model", name, f"one of {list(RESNET_LAYOUTS)}")
+    from torchvision.models import resnet
+
+    block_name, layers = RESNET_LAYOUTS[name]
+    block = getattr(resnet, block_name)
+
+    class ShrunkResNet(resnet.ResNet):
+        def _make_layer(self, block, planes, blocks, stride=1, dilate=False):
+            if planes == 64:  # the first stage: its input is the stem's output, narrowed below
+                self.inplanes = 64 // divisor
+            return super()._make_layer(block, planes // divisor, blocks, stride, dilate)
+
+    model = ShrunkResNet(block, list(layers), num_classes=num_classes)
+    width = 64 // divisor
+    model.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)
+    model.bn1 = nn.BatchNorm2d(width)
+    model.fc = nn.Linear(512 // divisor * block.expansion, num_classes)
+    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as ResNet initialises
+    return model

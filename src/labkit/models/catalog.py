@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from ..downloads import download_timeout
-from ..env import OFFLINE_ENV, is_online  # noqa: F401 - is_online is part of this module's API
+from ..env import OFFLINE_ENV, SHRINK_ENV, is_online, shrink_requested  # noqa: F401 - is_online: this module's API
 from ..errors import ConfigError, LabkitError
 from ..messages import note
-from .architectures import SmallCNN, TinyViT
+from .architectures import RESNET_LAYOUTS, SmallCNN, TinyViT, shrunk_resnet
 from .checkpoints import (
     SHIPPED_CHECKPOINTS,
     _read_manifest,
@@ -65,6 +65,8 @@ def _construct(name: str, num_classes: int) -> nn.Module:
         return SmallCNN(num_classes)
     if name == "tiny_vit":
         return TinyViT(num_classes)
+    if name in RESNET_LAYOUTS and shrink_requested():  # `full`'s ResNet at CPU size ($LABKIT_SHRINK)
+        return shrunk_resnet(name, num_classes)
     import torchvision
 
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
@@ -188,6 +190,8 @@ def build(name: str, num_classes: int, pretrained: bool = True) -> tuple[nn.Modu
     imagenet = _imagenet_weights(name)
     if imagenet is None:
         reasons.append(f"torchvision has no ImageNet weights for {name}")
+    elif name in RESNET_LAYOUTS and shrink_requested():
+        reasons.append(f"${SHRINK_ENV} is set: {name} is built at half its width, which ImageNet weights do not fit")
     elif not is_online():
         reasons.append(f"${OFFLINE_ENV} is set, so ImageNet weights were not downloaded")
     else:

@@ -15,14 +15,15 @@ current file and 2048 in an early revision, which changes nothing here). Licence
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from ..choices import ATTN_IMPLEMENTATIONS, check_choice
-from ..downloads import download_timeout
-from ..env import OFFLINE_ENV, is_online
+from ..downloads import PROBE_TIMEOUT_S, download_timeout, host_answers
+from ..env import OFFLINE_ENV, SHRINK_ENV, is_online, shrink_requested
 from ..errors import ConfigError, UnsupportedError
 from ..messages import note
 from ..text import HubTokenizer
@@ -81,28 +82,32 @@ class DecoderShape:
 
 @dataclass(frozen=True)
 class HubModel:
-    """A hub model labkit knows by name: its repo, transformers' ``model_type`` and its `DecoderShape`."""
+    """A hub model labkit knows by name: its repo, transformers' ``model_type``, its `DecoderShape` and the commit
+    its weights and tokenizer are downloaded at (``revision``: a later push to the repo changes nothing here)."""
 
     repo: str
     model_type: str  # transformers' name for the architecture: "llama", "qwen2"
     shape: DecoderShape
     rope_theta: float
     rms_norm_eps: float
+    revision: str = "main"
 
 
 HUB_MODELS = {
     # HuggingFaceTB/SmolLM2-135M (LlamaForCausalLM, Apache-2.0): 134.5M parameters, tied embeddings.
     "smollm2_135m": HubModel("HuggingFaceTB/SmolLM2-135M", "llama",
-                             DecoderShape(576, 1536, 30, 9, 3, 49152, True, 8192), 100000.0, 1e-5),
+                             DecoderShape(576, 1536, 30, 9, 3, 49152, True, 8192), 100000.0, 1e-5,
+                             revision="93efa2f097d58c2a74874c7e644dbc9b0cee75a2"),
     # Qwen/Qwen2.5-0.5B (Qwen2ForCausalLM, Apache-2.0): 494M parameters, q/k/v biases, tied embeddings.
     "qwen2.5_0.5b": HubModel("Qwen/Qwen2.5-0.5B", "qwen2",
                              DecoderShape(896, 4864, 24, 14, 2, 151936, True, 32768, attention_bias=True),
-                             1000000.0, 1e-6),
+                             1000000.0, 1e-6, revision="060db6499f32faf8b98477b0a26969ef7d8b9987"),
     # Qwen/Qwen2.5-1.5B (Qwen2ForCausalLM, Apache-2.0): 1.54B parameters.
     "qwen2.5_1.5b": HubModel("Qwen/Qwen2.5-1.5B", "qwen2",
                              DecoderShape(1536, 8960, 28, 12, 2, 151936, True, 32768, attention_bias=True),
-                             1000000.0, 1e-6),
+                             1000000.0, 1e-6, revision="8faed761d45a263340a0528343f099c05c9a4323"),
 }
+HUB_HOST = "huggingface.co"  # asked first (`labkit.downloads.host_answers`): offline, labkit gives up in seconds
 
 
 def hub_models() -> list[str]:
@@ -115,6 +120,34 @@ def hub_models() -> list[str]:
     return list(HUB_MODELS)
 
 
+# `shrunk_shape`: widths a CPU trains in seconds.
+# head_dim 32: a GQA v_proj stays >= 64 wide (rank 64); the vocabulary holds pydoc_text's 2,048-token BPE
+SHRUNK_LAYERS, SHRUNK_HEAD_DIM, SHRUNK_VOCAB = 2, 32, 2304
+
+
+def shrunk_shape(shape: DecoderShape) -> DecoderShape:
+    """``shape``'s architecture at CPU size: `SHRUNK_LAYERS` decoder layers, the same heads and key-value heads (GQA)
+    `SHRUNK_HEAD_DIM` wide, the SwiGLU width in the same proportion (a multiple of 64), a vocabulary of at most
+    `SHRUNK_VOCAB` tokens; tied embeddings, q/k/v biases and positions kept.
+
+    Example:
+        >>> shrunk_shape(HUB_MODELS["qwen2.5_1.5b"].shape).hidden_size   # 12 heads x 32
+        384
+    """
+    hidden = shape.num_attention_heads * SHRUNK_HEAD_DIM
+    intermediate = max(64, round(shape.intermediate_size / shape.hidden_size * hidden / 64) * 64)
+    return replace(shape, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=SHRUNK_LAYERS,
+                   vocab_size=min(shape.vocab_size, SHRUNK_VOCAB))
+
+
+def built_shape(name: str) -> DecoderShape:
+    """The shape `build_hub_model` builds for ``name`` here: the model's own, or `shrunk_shape` of it under
+    ``$LABKIT_SHRINK`` (`labkit.env.FULL_SHRUNK`, `make test`'s full-shapes part)."""
+    check_choice("model", name, HUB_MODELS)
+    shape = HUB_MODELS[name].shape
+    return shrunk_shape(shape) if shrink_requested() else shape
+
+
 def hub_config(name: str, attn_implementation: str = "sdpa", **overrides):
     """transformers' config for hub model ``name``, from labkit's copy of its architecture (no download).
 
@@ -125,7 +158,7 @@ def hub_config(name: str, attn_implementation: str = "sdpa", **overrides):
     check_choice("model", name, HUB_MODELS)
     check_choice("attn_implementation", attn_implementation, ATTN_IMPLEMENTATIONS)
     spec, transformers = HUB_MODELS[name], transformers_module(name)
-    s = spec.shape
+    s = built_shape(name)
     fields = {"hidden_size": s.hidden_size, "intermediate_size": s.intermediate_size,
               "num_hidden_layers": s.num_hidden_layers, "num_attention_heads": s.num_attention_heads,
               "num_key_value_heads": s.num_key_value_heads, "vocab_size": s.vocab_size,
@@ -142,24 +175,42 @@ def hub_tokenizer(name: str) -> tuple[HubTokenizer | None, str | None]:
         >>> tokenizer, why = hub_tokenizer("smollm2_135m")
     """
     check_choice("model", name, HUB_MODELS)
-    repo = HUB_MODELS[name].repo
+    spec = HUB_MODELS[name]
+    repo = spec.repo
     if not is_online():
         return None, f"${OFFLINE_ENV} is set, so {repo}'s tokenizer and weights were not downloaded"
+    if shrink_requested():  # its vocabulary would not fit the shrunk model's
+        return None, f"${SHRINK_ENV} is set, so {repo} is built shrunk, without its tokenizer and weights"
+    if not host_answers(HUB_HOST):  # Kaggle with Internet off: seconds, not the hub client's retries
+        return None, (f"{HUB_HOST} did not answer within {PROBE_TIMEOUT_S:g} s (no internet here?), so {repo}'s "
+                      "tokenizer and weights were not downloaded")
     try:
         with download_timeout():
-            backend = transformers_module(name).AutoTokenizer.from_pretrained(repo)
+            backend = transformers_module(name).AutoTokenizer.from_pretrained(repo, revision=spec.revision)
     except Exception as exc:  # no network, a timeout, a proxy page instead of the file
         return None, f"{repo}'s tokenizer could not be downloaded ({type(exc).__name__}: {exc})"
     return HubTokenizer(backend, repo), None
 
 
+def dtype_argument(transformers_version: str) -> str:
+    """``from_pretrained``'s name for the weights' dtype: ``dtype`` from transformers 4.56 on (which warns that
+    ``torch_dtype`` is deprecated, a stderr box in a notebook), ``torch_dtype`` before.
+
+    Example:
+        >>> dtype_argument("4.55.4"), dtype_argument("4.57.1")
+        ('torch_dtype', 'dtype')
+    """
+    release = tuple(int(part) for part in re.findall(r"\d+", transformers_version)[:2])
+    return "dtype" if release >= (4, 56) else "torch_dtype"
+
+
 def _from_pretrained(name: str, attn_implementation: str, overrides: dict) -> nn.Module:
-    transformers = transformers_module(name)
+    transformers, spec = transformers_module(name), HUB_MODELS[name]
     # transformers 5 loads in the checkpoint's dtype (bf16) unless told; labkit trains fp32 weights under autocast.
-    dtype = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     with download_timeout():
         return transformers.AutoModelForCausalLM.from_pretrained(
-            HUB_MODELS[name].repo, attn_implementation=attn_implementation, **{dtype: torch.float32}, **overrides)
+            spec.repo, revision=spec.revision, attn_implementation=attn_implementation,
+            **{dtype_argument(transformers.__version__): torch.float32}, **overrides)
 
 
 def build_hub_model(name: str, data_vocab_size: int | None = None, tokenizer_name: str | None = None,
@@ -186,7 +237,9 @@ def build_hub_model(name: str, data_vocab_size: int | None = None, tokenizer_nam
     if pretrained:
         why = (f"the data was tokenized by {tokenizer_name!r}, not {repo}'s tokenizer, and pretrained embeddings "
                "would read its ids as other tokens")
-        if tokenizer_name == repo:
+        if shrink_requested():
+            why = f"${SHRINK_ENV} is set: {repo}'s architecture is built shrunk (`labkit.models.hub.shrunk_shape`)"
+        elif tokenizer_name == repo:
             try:
                 model = _from_pretrained(name, attn_implementation, overrides)
             except Exception as exc:  # no network, a timeout, a missing file

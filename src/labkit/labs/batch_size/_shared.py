@@ -3,13 +3,13 @@ written, and when two timings differ beyond their measured spread."""
 
 from __future__ import annotations
 
-from ...env import PROFILES, profile
+from ...env import profile, profile_of
 from ...measure import separated
 
 
 def test_set_size(frame) -> int:
     """The test split's size at the profile ``frame``'s runs were measured at (default: the current one)."""
-    run_profile = PROFILES.get(frame["profile"].iloc[0]) if "profile" in frame else None
+    run_profile = profile_of(frame["profile"].iloc[0]) if "profile" in frame else None
     return (run_profile or profile()).test_size
 
 

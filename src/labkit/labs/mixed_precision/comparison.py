@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from ... import results
-from ...env import PROFILES, has_tensor_cores, native_bf16, profile
+from ...env import has_tensor_cores, native_bf16, profile, profile_of
 from ...errors import ConfigError
 from ...measure import PEAK_FLOPS, accuracy_noise, ratio_band, separated
 from ...messages import worded
@@ -148,7 +148,7 @@ def _verdict(row, base) -> str:
 
 
 def _test_size(row) -> int:
-    run_profile = PROFILES.get(row.get("profile")) if isinstance(row.get("profile"), str) else None
+    run_profile = profile_of(row.get("profile")) if isinstance(row.get("profile"), str) else None
     return (run_profile or profile()).test_size
 
 

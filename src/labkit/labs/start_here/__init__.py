@@ -18,16 +18,16 @@ import pandas as pd
 
 from ...config import RunConfig
 from ...display import quantity
-from ...env import PROFILES, profile
+from ...env import profile, profile_of
 from ...measure import PEAK_FLOPS, TimingPitfalls, accuracy_noise, timing_pitfalls
 from ...messages import worded
 from ...result import MEMORY_CATEGORIES, RunResult
 from ...train import Trainer
 from ...units import mib
 
-# The GPUs a learner of this lab meets (free Colab/Kaggle: T4, P100 PCIe; a rented one: A100), at the dtypes
-# their datasheets quote for training: fp32 (CUDA cores) and fp16 (tensor cores where there are any).
-PEAK_GPUS = (("T4", "fp32"), ("T4", "fp16"), ("P100 PCIE", "fp32"), ("A100", "fp32"), ("A100", "bf16"))
+# The GPUs a learner of this lab meets (free: a T4 on Colab, two on Kaggle; rented: an A100 or an H100), at the
+# dtypes their datasheets quote for training: fp32 (CUDA cores) and fp16/bf16 (tensor cores).
+PEAK_GPUS = (("T4", "fp32"), ("T4", "fp16"), ("A100", "fp32"), ("A100", "bf16"), ("H100", "bf16"))
 PEAK_SOURCE = "published: NVIDIA datasheet peaks"
 
 
@@ -149,7 +149,7 @@ def memory(res: RunResult) -> str:
 
 
 def _test_size(res: RunResult) -> int:
-    run_profile = PROFILES.get(res.env.get("profile")) if res.env else None
+    run_profile = profile_of(res.env) if res.env else None
     return (run_profile or profile()).test_size
 
 
