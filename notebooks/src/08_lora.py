@@ -203,7 +203,8 @@ assert saved["lora_layers_after_merge"] == 0
 # ## 4. Rank and targets
 # Each run fine-tunes the same pretrained model for the same steps: in full, with only the output layer and final
 # norm ("head only"), and with LoRA at each rank on `q_proj,v_proj` and on every Linear layer (LoRA and head-only
-# at a larger learning rate: small matrices starting from zero want a larger step).
+# at a larger learning rate: small matrices starting from zero want a larger step). An output layer **tied** to the
+# embeddings (SmolLM2) trains as a copy of its own in head only, as PEFT's `modules_to_save` does.
 #
 # **Predict first.** What share of the model's parameters will LoRA at rank 8 on `q_proj,v_proj` train, and
 # will its step take more or less time than full fine-tuning's?
@@ -242,8 +243,8 @@ axes = plots.lines(lab.sweep_chart_frame(frame), x="rank", hue="targets", logx=T
 # - **Parameters and optimizer state** grow linearly with the rank (AdamW: two float32 numbers a parameter).
 # - **Activations** shrink less: a frozen Linear keeps no input, but a LoRA layer keeps its input and `A x`. On
 #   `q_proj,v_proj` LoRA keeps less than full fine-tuning, on `all-linear` nearly as much; head-only almost none.
-# - **Step time** saves the frozen weights' gradient matmuls and pays for the thin adapter matmuls. The printed
-#   line calls a difference real only where the runs' 10th-90th percentile step times do not overlap.
+# - **Step time** saves the frozen weights' gradient matmuls and pays for the thin adapter matmuls (real only where
+#   the 10th-90th percentiles do not overlap).
 # - **Exact match**: sorting needs attention and MLP to change, so head-only usually learns nothing; LoRA on
 #   every Linear layer comes close to full fine-tuning and on `q_proj,v_proj` lags, as the QLoRA paper found.
 #   Over a few steps (the `ci` profile) every run may still score near zero, within the printed noise.
@@ -275,8 +276,8 @@ if qlora.error.isna().all():
     assert abs(rows.bits_per_4bit_weight.iloc[1] - lab.NF4_BITS) < 0.01
     assert rows.base_weight_bytes.iloc[1] < rows.base_weight_bytes.iloc[0]
     assert rows.num_trainable_params.iloc[0] == rows.num_trainable_params.iloc[1]
-else:
-    assert isinstance(rows.error.iloc[1], str) and len(rows.error.iloc[1]) > 20
+else:  # a setup that could not run here (no 4-bit kernels) or failed says why
+    assert all(len(e) > 20 for e in rows.error.dropna())
 
 # %% [markdown]
 # A 4-bit weight takes half a byte plus an 8-bit scale per block of 64 and a float32 scale per 256 blocks: 4.127
@@ -331,9 +332,8 @@ assert fits.groupby("model", sort=False).total_bytes.apply(lambda t: t.is_monoto
 # ## 7. Merged inference
 # Unmerged, every adapted layer adds two thin matmuls to each forward. `lora.merge_and_unload(model)` merges each
 # update into its weight and puts the plain Linear back: the base model's layers and latency, the unmerged
-# model's outputs up to float rounding. One forward pass over a batch of test prompts is timed; the base is timed
-# twice, interleaved with the others, and the gap between its two timings is this machine's noise, which the
-# printed line compares against.
+# model's outputs up to float rounding. One forward pass over test prompts is timed; the base is timed twice,
+# interleaved, and the gap between its two timings is the noise the printed line compares against.
 
 # %%
 merged = lab.merge_comparison(cfg, rank=8)  # the fine-tuned rank-8 q_proj,v_proj model from the sweep (cached)

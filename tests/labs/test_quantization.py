@@ -2,6 +2,7 @@
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -244,3 +245,27 @@ def test_int8_dynamic_on_the_fine_tuned_language_model(tmp_path, monkeypatch):
     text = lab.lm_quantization_finding(frame)
     assert text.startswith("On tiny_llama (fp32 3.05 MiB") and "int8 dynamic, output layer float" in text
     assert lab.lm_quantization(cfg).equals(frame)  # read back from the cache
+    assert not rows.tied.any() and "tied" not in text  # tiny_llama's output layer is its own
+
+
+def test_int8_on_a_tied_output_layer_adds_a_copy_so_keeping_it_float_is_smaller(monkeypatch):
+    # SmolLM2 at `full`: int8 on every Linear was larger than with the output layer in float, and 06's check failed
+    from labkit import models
+
+    monkeypatch.setenv("LABKIT_SHRINK", "1")
+    torch.manual_seed(0)
+    model, _, _ = models.build_hub_model("smollm2_135m", pretrained=False)
+    assert models.output_layer_tied(model.eval())
+    every = quantization.quantize(model, "int8_dynamic")
+    head_float = quantization.quantize(model, "int8_dynamic", keep_float=["lm_head"])
+    sizes = {name: measure.model_size_bytes(m) for name, m in (("fp32", model), ("every", every),
+                                                                ("head", head_float))}
+    assert sizes["head"] < sizes["every"] < sizes["fp32"]
+    vocab_bytes = model.lm_head.weight.numel()  # one int8 byte per weight of the output layer's own copy
+    assert abs(sizes["every"] - sizes["head"] - vocab_bytes) < 0.05 * vocab_bytes
+    frame = pd.DataFrame([{"variant": v, "model": "smollm2_135m", "model_size_bytes": b,
+                           "size_ratio": b / sizes["fp32"], "latency_per_token_s": 1e-3, "vs_fp32": 1.0,
+                           "exact_match": 0.0, "perplexity": 9.0, "scored_rows": 8, "tied": True}
+                          for v, b in ((lab.FP32, sizes["fp32"]), (lab.ALL_INT8, sizes["every"]),
+                                       (lab.HEAD_FLOAT, sizes["head"]), (lab.FP32_AGAIN, sizes["fp32"]))])
+    assert "tied to the token embeddings, so int8 there adds a copy" in lab.lm_quantization_finding(frame)

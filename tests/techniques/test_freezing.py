@@ -269,3 +269,34 @@ def test_sync_batchnorm_leaves_frozen_layers_frozen():
     synced, note = distributed.sync_batchnorm(model, torch.device("cuda"))  # converting needs no GPU
     assert note is None and sum(map(freezing.is_frozen_batchnorm, synced.modules())) == frozen
     assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in synced.modules())  # the trainable ones share
+
+
+def test_head_only_on_a_tied_language_model_trains_the_output_layer_not_only_the_norm(monkeypatch, capsys):
+    # SmolLM2 and Qwen2.5 tie the output layer to the embeddings: freezing the embeddings froze it too, and only
+    # the final norm (576 parameters on SmolLM2) trained
+    monkeypatch.setenv("LABKIT_SHRINK", "1")  # SmolLM2's architecture at CPU size: tied, GQA
+    torch.manual_seed(0)
+    model, _, _ = models.build_hub_model("smollm2_135m", pretrained=False)
+    assert models.output_layer_tied(model)
+    embed_before = model.model.embed_tokens.weight.detach().clone()
+    freezing.freeze(model, "head_only")
+    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
+    assert head is not embed and head.requires_grad and not embed.requires_grad and torch.equal(head, embed)
+    assert not model.config.tie_word_embeddings  # nothing ties them again
+    _, trainable = measure.count_parameters(model)
+    assert trainable == head.numel() + model.model.norm.weight.numel()
+    assert "lm_head.weight was tied" in " ".join(capsys.readouterr().out.split())
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(3, 100, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    assert not torch.equal(model.lm_head.weight, embed_before) and torch.equal(embed, embed_before)
+    assert freezing.frozen_stage_names(model)[0] == "embed"
+
+
+def test_an_untied_model_is_frozen_as_before():
+    model = models.build_language_model("tiny_llama", vocab_size=16, pretrained=False)[0]
+    head = model.lm_head.weight
+    assert freezing.untie_from_frozen(model, ["embed", "layer0"]) == []
+    freezing.freeze(model, "head_only")
+    assert model.lm_head.weight is head and head.requires_grad

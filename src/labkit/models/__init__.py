@@ -40,6 +40,7 @@ from .language import (
     is_language_model,
     language_models,
     max_positions,
+    output_layer_tied,
     uncounted_attention_flops,
 )
 
@@ -47,7 +48,7 @@ __all__ = ["Attention", "CHECKPOINT_DIR_ENV", "MANIFEST_NAME", "PatchEmbed", "SH
            "TinyViT", "TokenMean", "TransformerBlock", "WeightsInfo", "available", "block_names", "build",
            "build_for_split",
            "build_language_model", "LANGUAGE_MODELS", "is_language_model", "language_models", "max_positions",
-           "uncounted_attention_flops", "HUB_MODELS", "DecoderShape", "HubModel", "build_hub_model", "hub_config",
-           "hub_models", "hub_tokenizer",
+           "output_layer_tied", "uncounted_attention_flops", "HUB_MODELS", "DecoderShape", "HubModel",
+           "build_hub_model", "hub_config", "hub_models", "hub_tokenizer",
            "checkpoint_dir", "forward_head", "has_batchnorm", "is_online", "load_checkpoint", "named_stages",
            "save_checkpoint", "unwrap"]

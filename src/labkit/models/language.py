@@ -112,6 +112,19 @@ def uncounted_attention_flops(model: nn.Module, rows: int, width: int, device) -
     return 12 * rows * width**2 * config.hidden_size * config.num_hidden_layers
 
 
+def output_layer_tied(model: nn.Module) -> bool:
+    """Whether ``model``'s output layer is its token embeddings' matrix (``tie_word_embeddings``: SmolLM2, Qwen2.5,
+    Llama 3.2 1B). Casting, quantizing or freezing one then acts on the other too.
+
+    Example:
+        >>> output_layer_tied(build_llama("tiny_llama", vocab_size=16))
+        False
+    """
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    embed = getattr(model, "get_input_embeddings", lambda: None)()
+    return head is not None and embed is not None and head.weight is embed.weight
+
+
 def language_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """A Llama model's stages: ``embed``, ``layer0`` ... ``layerN``, ``head`` (final norm and output layer)."""
     body = model.model

@@ -54,6 +54,7 @@ from torch import nn
 from .. import models
 from ..choices import FREEZE_LEVELS
 from ..errors import ConfigError
+from ..messages import note
 from ..validate import is_int, is_number
 
 LEVELS = FREEZE_LEVELS  # ("none", "light", "medium", "heavy", "head_only")
@@ -132,6 +133,9 @@ def freeze(model: nn.Module, level, batchnorm_eval: bool = True) -> nn.Module:
         level: a level from `LEVELS` or a list of stage names (see `frozen_stages`).
         batchnorm_eval: keep the frozen BatchNorm layers in eval mode (`eval_before_forward`; True, the right thing).
 
+    A parameter a training stage shares with a frozen one (a tied output layer and its embeddings) is untied first
+    (`untie_from_frozen`): the output layer trains a copy of its own, the embeddings stay frozen.
+
     Raises:
         ConfigError: an unknown level or stage, or a choice that leaves no parameter to train.
 
@@ -142,6 +146,11 @@ def freeze(model: nn.Module, level, batchnorm_eval: bool = True) -> nn.Module:
     """
     m = models.unwrap(model)
     names = frozen_stages(m, level)
+    untied = untie_from_frozen(m, names)
+    if untied:
+        note(f"{', '.join(untied)} was tied to the weights of a frozen stage (the token embeddings): it now trains as "
+             "a copy of its own, untied, as PEFT's modules_to_save does (its parameters counted as trainable); the "
+             "embeddings stay frozen")
     stages = dict(models.named_stages(m))
     frozen = {id(p) for name in names for p in stages[name].parameters()}
     if names and not any(p.requires_grad and id(p) not in frozen for p in m.parameters()):
@@ -159,6 +168,38 @@ def freeze(model: nn.Module, level, batchnorm_eval: bool = True) -> nn.Module:
                     setattr(bn, FROZEN, True)
                 bn.eval()
     return model
+
+
+def untie_from_frozen(model: nn.Module, frozen: Sequence[str]) -> list[str]:
+    """Give each training stage its own copy of a parameter it shares with a ``frozen`` stage; returns their names.
+
+    A tied output layer (SmolLM2, Qwen2.5: ``lm_head.weight is embed_tokens.weight``) is one matrix in two stages:
+    freezing the embeddings would freeze the output layer the head is meant to train, and training the shared matrix
+    would train the embeddings too, through a backward pass down the whole frozen body. A copy of its own trains
+    alone (PEFT's ``modules_to_save`` does the same), at the cost of one more vocab x hidden matrix. A transformers
+    model's ``config.tie_word_embeddings`` is set False, so that nothing ties them again.
+
+    Args:
+        model: a model from `labkit.models` (changed in place). frozen: the stage names `freeze` freezes.
+    """
+    stages = models.named_stages(model)
+    frozen_ids = {id(p) for name, stage in stages if name in frozen for p in stage.parameters()}
+    untied = []
+    for name, stage in stages:
+        if name in frozen:
+            continue
+        for key, p in list(stage.named_parameters()):
+            if id(p) in frozen_ids:
+                owner, attr = stage.get_submodule(key.rpartition(".")[0]), key.rpartition(".")[2]
+                setattr(owner, attr, nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+                untied.append(_qualified_name(model, owner, attr))
+    if untied and hasattr(getattr(model, "config", None), "tie_word_embeddings"):
+        model.config.tie_word_embeddings = False
+    return untied
+
+
+def _qualified_name(model: nn.Module, owner: nn.Module, attr: str) -> str:
+    return next((f"{name}.{attr}" if name else attr for name, module in model.named_modules() if module is owner), attr)
 
 
 def unfreeze(model: nn.Module, stages: Sequence[str] | None = None) -> list[str]:

@@ -4,9 +4,11 @@ The model is `QLORA_MODELS`' for the profile (weights matter more in a larger on
 every Linear layer of the decoder in 16-bit autocast (bf16; fp16 on a GPU without native bf16, `qlora_dtypes`): a
 16-bit base, and an NF4 base with double quantization computing in 16 bits and passing them on, as a 16-bit model
 does (QLoRA; bitsandbytes' layers would return their input's dtype). The output layer stays in 16 bits, as QLoRA
-keeps it. On a CPU bitsandbytes' 4-bit kernel takes only layers of 32k outputs and 64k inputs; the others stay in
-16 bits (`labkit.techniques.quantization`), and ``bits_per_4bit_weight`` counts the quantized ones. Where CUDA is
-present the adapters train with bitsandbytes' paged 8-bit AdamW (`qlora_optimizer`), as QLoRA did. Each setup is
+keeps it, or in float32 with the embeddings where it is tied to them (Qwen2.5, SmolLM2), so that the residual stream
+stays float32. A run that fails (out of memory, an fp16 overflow) is a row with its ``error``. On a CPU
+bitsandbytes' 4-bit kernel takes only layers of 32k outputs and 64k inputs; the others stay in 16 bits
+(`labkit.techniques.quantization`), and ``bits_per_4bit_weight`` counts the quantized ones. Where CUDA is present the
+adapters train with bitsandbytes' paged 8-bit AdamW (`qlora_optimizer`), as QLoRA did. Each setup is
 built, trained and dropped in turn, so that a 1.5B model never sits in memory twice.
 """
 
@@ -19,7 +21,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ... import machine, results, train
+from ... import machine, models, results, train
 from ...config import RunConfig
 from ...env import profile, resolve_device
 from ...messages import worded
@@ -122,7 +124,10 @@ def qlora_model(cfg: RunConfig, setup: str, rank: int = 8) -> nn.Module | str:
     model = fresh_model(cfg, pretrained=True)
     chosen = matching_linears(model, ALL_LINEAR)
     others = [name for name in linear_names(model) if name not in chosen]  # the output layer: 16-bit in both
-    for name in chosen + others:
+    # ... unless it is tied to the token embeddings: casting it would cast them, and the residual stream they start
+    # would run in 16 bits (fp16 overflows it in Qwen2 checkpoints); tied, both stay float32, as PEFT's
+    # prepare_model_for_kbit_training keeps every layer that is not quantized
+    for name in chosen + ([] if models.output_layer_tied(model) else others):
         model.get_submodule(name).to(half)
     if setup == BASE16:
         return add_lora(model, rank, ALPHA, ALL_LINEAR, dtype=adapters)
@@ -176,12 +181,19 @@ def _qlora_row(cfg: RunConfig, setup: str, rank: int) -> dict:
     if isinstance(model, str):
         return {"setup": setup, "model": cfg.model, "error": model}
     base_bytes, bits = base_linear_bytes(model)
-    result = train.fit(cfg, model=model, progress=False)
+    try:
+        result = train.fit(cfg, model=model, progress=False)
+    except Exception as exc:  # out of memory, a non-finite loss (fp16 overflow), a torch error: this row's error
+        result = None
+        error = f"{type(exc).__name__}: {exc}"
     del model
-    result.model = None
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    if result is None:
+        return {"setup": setup, "model": cfg.model, "base_weight_bytes": base_bytes, "bits_per_4bit_weight": bits,
+                "optimizer": cfg.optimizer, "error": error}
+    result.model = None
     return {"setup": setup, "model": cfg.model, "base_weight_bytes": base_bytes, "bits_per_4bit_weight": bits,
             "peak_memory_bytes": result.peak_memory_bytes, "mem_parameters_bytes": result.memory.get("parameters"),
             "mem_activations_bytes": result.memory.get("activations"), "step_time_s": result.step_time_s,
@@ -201,6 +213,8 @@ def qlora_finding(frame: pd.DataFrame) -> str:
     """
     rows = frame.set_index("setup")
     half, nf4 = rows.loc[BASE16], rows.loc[NF4]
+    if isinstance(half.get("error"), str) and half.get("error"):
+        return f"The 16-bit base did not run here: {half.error}."
     if isinstance(nf4.get("error"), str) and nf4.get("error"):
         return f"QLoRA did not run here: {nf4.error}. The 16-bit base alone: peak {mib(half.peak_memory_bytes)}."
     peak = nf4.peak_memory_bytes / half.peak_memory_bytes

@@ -17,7 +17,7 @@ import math
 import pandas as pd
 import torch
 
-from ... import evaluation, measure, results, text, train
+from ... import evaluation, measure, models, results, text, train
 from ...config import RunConfig
 from ...env import profile
 from ...inference import LogitsOnly, latencies, prompt_ids
@@ -41,7 +41,8 @@ def lm_quantization(cfg: RunConfig | None = None, refresh: bool = False) -> pd.D
 
     Returns:
         DataFrame: variant, model_size_bytes, size_ratio, latency_per_token_s, vs_fp32 (latency), exact_match,
-        perplexity (of the answers), scored_rows.
+        perplexity (of the answers), scored_rows, tied (`labkit.models.output_layer_tied`: int8 on such an output
+        layer keeps the float embeddings and adds an int8 copy).
     """
     cfg = cfg or lm_finetune_config()
     return results.cached_frame("quant-lm", [cfg], lambda: _measure(cfg, refresh), refresh=refresh,
@@ -82,6 +83,7 @@ def _measure(cfg: RunConfig, refresh: bool) -> pd.DataFrame:
     frame["size_ratio"] = frame.model_size_bytes / frame.model_size_bytes.iloc[0]
     frame["vs_fp32"] = frame.latency_per_token_s / frame.latency_per_token_s.iloc[0]
     frame.insert(1, "model", cfg.model)
+    frame["tied"] = models.output_layer_tied(fp32)  # int8 on a tied output layer adds a copy
     return frame
 
 
@@ -100,5 +102,8 @@ def lm_quantization_finding(frame: pd.DataFrame) -> str:
     parts = [f"{name}: {mib(row.model_size_bytes, '.3g')} ({row.size_ratio:.2f}x), {row.vs_fp32:.2f}x the latency "
              f"({speed(row.latency_per_token_s)}), exact match {row.exact_match:.1%}, perplexity {row.perplexity:.3f}"
              for name, row in rows.loc[[ALL_INT8, HEAD_FLOAT]].iterrows()]
+    tied = bool(rows.get("tied", pd.Series([False])).iloc[0])
+    head = (" Its output layer is tied to the token embeddings, so int8 there adds a copy: the output layer kept "
+            "float makes the smaller file." if tied else "")
     return (f"On {fp32.model} (fp32 {mib(fp32.model_size_bytes, '.3g')}, exact match {fp32.exact_match:.1%}, "
-            f"perplexity {fp32.perplexity:.3f}; its two timings {noise:.0%} apart): " + "; ".join(parts) + ".")
+            f"perplexity {fp32.perplexity:.3f}; its two timings {noise:.0%} apart): " + "; ".join(parts) + "." + head)
