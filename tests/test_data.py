@@ -264,3 +264,26 @@ def test_to_model_input_resizes_on_the_device(shapes):
     flat = torch.full((1, 3, 32, 32), 128, dtype=torch.uint8)
     up = data.to_model_input(flat, split, "cpu", size=48)
     assert torch.allclose(up, up[..., :1, :1].expand_as(up))
+
+
+def test_download_once_fetches_cifar10_before_processes_start_and_never_twice(tmp_path, monkeypatch):
+    # 07 at `full` on 2 x T4: both ranks found no CIFAR-10 and downloaded the same archive into the same folder
+    calls = []
+
+    class FakeCIFAR10:
+        def __init__(self, root, train, download):
+            calls.append(download)
+            _write_cifar(type(tmp_path)(root))
+            self.data, self.targets, self.classes = np.zeros((1, 32, 32, 3), np.uint8), [0], CIFAR_CLASSES
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", FakeCIFAR10)
+    data._cifar10_arrays.cache_clear()
+    monkeypatch.setenv("LABKIT_OFFLINE", "1")
+    data.download_once("cifar10", root=tmp_path)
+    assert calls == []  # offline: nothing tried; each process then says why it has no data
+    monkeypatch.setenv("LABKIT_OFFLINE", "0")
+    data.download_once("cifar10", root=tmp_path)
+    data.download_once("cifar10", root=tmp_path)  # on disk now
+    data.download_once("shapes10", root=tmp_path)  # generated
+    assert calls == [True] and data.on_disk("cifar10", tmp_path)
+    data._cifar10_arrays.cache_clear()

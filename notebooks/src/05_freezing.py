@@ -107,7 +107,10 @@ for label, model in (("yours", mine), ("labkit", engine)):
 pairs = list(zip(mine.parameters(), engine.parameters(), strict=True))
 assert all(a.requires_grad == b.requires_grad and (a.grad is None) == (b.grad is None) for a, b in pairs)
 assert all(a.grad is None or torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6) for a, b in pairs)
-assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in pairs)
+assert all(torch.equal(a, b) for a, b in pairs if not a.requires_grad)  # frozen: untouched
+# AdamW's first step moves a weight by about lr x the sign of its gradient: where a gradient is near zero, GPU
+# kernels that add in another order can flip it, and the weights then differ by up to 2 lr
+assert all(torch.allclose(a, b, rtol=0, atol=2 * cfg.lr + 1e-6) for a, b in pairs)
 frozen_bn = {n for n, m in engine.named_modules() if freezing.is_frozen_batchnorm(m)}
 buffers = zip(mine.named_buffers(), engine.named_buffers(), start.buffers(), strict=True)
 for (name, a), (_, b), s in buffers:  # frozen statistics did not move, the trainable ones did

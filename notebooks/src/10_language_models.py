@@ -83,10 +83,9 @@ display.table(labkit.results.published("10_language_models-mfu*"))  # MFU as PaL
 assert abs(flops["formula_over_counted"] - 1) < 0.05, "6N + attention matches the FLOP counter"
 
 # %% [markdown]
-# The counter runs the step and counts every matrix multiply, so the formula is checked, not assumed. PyTorch's
-# counter has no formula for the CPU's fused SDPA kernel; labkit adds that term on a CPU (this check uses eager
-# attention, whose products it counts). On a CPU there is no datasheet peak to divide by, so MFU stays empty here;
-# on a GPU every language-model run reports it.
+# The counter runs the step and counts every matrix multiply, so the formula is checked, not assumed. It has no
+# formula for the CPU's fused SDPA kernel; labkit adds that term on a CPU (this check uses eager attention). A CPU
+# has no datasheet peak, so MFU stays empty here; on a GPU every language-model run reports it.
 #
 # ## 3. Sequence length, memory and attention
 # Eager attention writes out the probabilities $\mathrm{softmax}(QK^T)$: rows x heads x $L^2$ values per layer,
@@ -110,13 +109,13 @@ assert (attention.extra_bytes > 0).all() and 1.6 < lab.growth_exponent(attention
 # %% [markdown]
 # The extra memory grows with $L^2$. It can stay below the probabilities' count: memory peaks during the backward
 # pass, and the layers already back-propagated have freed theirs by then. At a few thousand tokens the $L^2$ term
-# dominates a step's memory: SDPA, with FlashAttention on a GPU, is the first switch to turn on, and transformers
-# uses it by default (`attn_implementation="sdpa"`).
+# dominates a step's memory: SDPA is the first switch to turn on, and transformers uses it by default
+# (`attn_implementation="sdpa"`); its GPU kernels keep no $L \times L$ matrix (which one runs: Going further).
 #
 # ## 4. Padding against packing
 # Text comes in uneven lengths. **Padding** makes a batch rectangular with pad tokens the model still computes;
 # **packing** puts whole documents end to end in a row. Packed documents must not attend to each other: position
-# ids restart at each document, and transformers then masks across them (with SDPA, eager or FlashAttention).
+# ids restart at each document, and transformers then masks across them.
 
 # %%
 packing = lab.packing_runs()
@@ -258,8 +257,8 @@ assert set(kernels.impl) == {"forloop", "foreach", "fused"} and (kernels.step_ti
 
 # %% [markdown]
 # A first compile takes tens of seconds; Inductor caches the kernels on disk, so the same shapes compile again in
-# seconds (the line above says which this run paid). Compiling pays back over many steps, mostly on a GPU, where
-# fusing small operations saves memory traffic; on a CPU the gain is often inside the noise.
+# seconds (the line above says which). Compiling pays back over many steps, mostly on a GPU (fused
+# operations save memory traffic); on a CPU the gain is often inside the noise.
 #
 # ## 8. The KV cache at inference
 # Generating token t+1 needs the keys and values of every earlier token. The **KV cache** keeps them, so each new
@@ -379,7 +378,8 @@ assert oom.problem and "256 tokens" in oom.cause and "attn_implementation='sdpa'
 # ## Going further
 # - **Longer sequences.** `lab.attention_memory(seq_lens=(64, 128, 256))` goes up to the model's 256 positions;
 #   the $L^2$ term takes a growing share of each step.
-# - **FlashAttention** is what SDPA dispatches to on recent GPUs: no $L^2$ memory and fewer memory round trips.
+# - **SDPA's GPU kernels**: FlashAttention on sm_80+ GPUs for a batch without a mask; the memory-efficient kernel
+#   on a T4 (sm_75) and for padded or packed batches. Neither keeps the $L^2$ matrix.
 # - **LoRA and QLoRA** on this model are notebook 08's subject.
 
 # %% [markdown]

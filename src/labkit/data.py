@@ -35,6 +35,7 @@ from .downloads import (  # where downloads live; part of this module's API
     DATA_DIR_ENV,
     cache_dir,
     download_timeout,
+    on_disk,
 )
 from .env import is_online
 from .errors import ConfigError, DatasetUnavailableError
@@ -340,6 +341,20 @@ def _load_cifar10(sizes: dict, seed: int, root: Path, download: bool) -> dict[st
     splits["test"] = ImageData("cifar10", "test", test_images[:sizes["test"]], test_labels[:sizes["test"]],
                                classes, CIFAR10_MEAN, CIFAR10_STD)
     return splits
+
+
+def download_once(name: str, root: str | Path | None = None) -> None:
+    """Download dataset ``name`` now when it needs the network and is not on disk, so that processes started after
+    this call (a DDP job's ranks) find it there, instead of each downloading the same archive into the same folder
+    at once. Generated datasets need nothing; offline (``$LABKIT_OFFLINE``) it does nothing, and each process says
+    why it cannot load the data.
+
+    Args:
+        name: a dataset of `available`. root: where CIFAR-10 goes (default `cache_dir`).
+    """
+    if on_disk(name, root) or not is_online():
+        return
+    _cifar10_arrays(str(Path(root) if root is not None else cache_dir()), True, True)
 
 
 @functools.lru_cache(maxsize=2)

@@ -71,8 +71,10 @@ def accumulate_tokens(model: torch.nn.Module, batch: text.TokenBatch, cfg: RunCo
         precision, device, scaler: the run's resolved precision, device and gradient scaler.
         new_micro_batch: called before each micro-batch after the first (the memory tracker's marker).
     """
+    # counted where the loader made the batch (the host), before it moves: a count read back from the GPU would make
+    # every timed step wait for the GPU to finish the steps queued before it
+    step_tokens = int((batch.labels != text.IGNORE_INDEX).sum())
     micro_batches = split_rows(batch.to(device, non_blocking=True), cfg.grad_accum)
-    step_tokens = sum(int((micro.labels != text.IGNORE_INDEX).sum()) for micro in micro_batches)
     step_loss = torch.zeros((), device=device)
     for index, micro in enumerate(micro_batches):
         if index:

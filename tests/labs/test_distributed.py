@@ -286,3 +286,17 @@ def test_parameters_and_buffers_are_compared_apart():
     model[1].running_mean += 1  # a rank's own statistics
     assert distributed.weights_sha256(model, "parameters") == before["parameters"]
     assert distributed.weights_sha256(model, "buffers") != before["buffers"]
+
+
+def test_a_job_downloads_its_data_once_before_the_ranks_start(cfg, monkeypatch):
+    order = []
+    monkeypatch.setattr(lab.jobs.data, "download_once", lambda name: order.append(("download", name)))
+
+    def run_job(*args, **kwargs):
+        order.append(("ranks",))
+        raise DistributedError("stopped here: the test needs only the order")
+
+    monkeypatch.setattr(lab.jobs, "run_job", run_job)
+    with pytest.raises(DistributedError, match="stopped here"):
+        lab.launch(cfg.replace(dataset="cifar10", seed=7), nproc=2, progress=False)
+    assert order == [("download", "cifar10"), ("ranks",)]

@@ -11,12 +11,50 @@ import torch
 
 
 def count_flops(step: Callable[[], object]) -> int:
-    """FLOPs of running ``step()`` once (matmuls and convolutions, forward and backward)."""
+    """FLOPs of running ``step()`` once (matmuls and convolutions, forward and backward).
+
+    The GPU attention kernels are counted by `sdpa_flops` and `sdpa_backward_flops`, which take grouped-query
+    attention (fewer key/value heads than query heads, as SmolLM2 and Qwen2.5 have) as torch 2.10+ does: torch 2.9's
+    own formulas assert equal heads, and the counting step raised there.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=_sdpa_formulas()) as counter:
         step()
     return int(counter.get_total_flops())
+
+
+def sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Forward FLOPs of an SDPA kernel: Q K^T and the scores times V for every query head (GQA's key/value heads are
+    shared by several query heads, and the kernel computes each product per query head).
+
+    Example:
+        >>> sdpa_flops((2, 4, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16))   # 4 query heads over 2 key/value heads
+        32768
+    """
+    batch, heads, queries, query_dim = query_shape
+    return 2 * batch * heads * queries * key_shape[2] * (query_dim + value_shape[3])
+
+
+def sdpa_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Backward FLOPs of an SDPA kernel: the gradients of the scores, V, Q and K, twice the forward's products."""
+    batch, heads, queries, query_dim = query_shape
+    return 2 * batch * heads * queries * key_shape[2] * 2 * (query_dim + value_shape[3])
+
+
+_SDPA_OPS = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_cudnn_attention")
+
+
+def _sdpa_formulas() -> dict:
+    """`sdpa_flops` and `sdpa_backward_flops` for the SDPA kernels this torch has."""
+    aten = torch.ops.aten
+    formulas = {}
+    for name in _SDPA_OPS:
+        for op_name, formula in ((name, sdpa_flops), (f"{name}_backward", sdpa_backward_flops)):
+            if hasattr(aten, op_name):
+                formulas[getattr(aten, op_name)] = formula
+    return formulas
 
 
 # Dense datasheet peaks in FLOP/s by GPU and the dtype of the matmuls. "fp32" is plain FP32 (CUDA

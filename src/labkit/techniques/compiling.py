@@ -15,8 +15,8 @@ the same shapes takes seconds (3 s here against 46 s cold).
 
 The first step pays the compilation; labkit times that step apart and reports the difference from a normal step as
 ``RunResult.compile_time_s``, never inside the step time. A new input shape recompiles, so compiling needs rows of
-one width (``packing='pad_max'`` or ``'pack'``). Inductor needs a C++ compiler on a CPU and Triton on a GPU:
-`compile_problem` says when one is missing.
+one width (``packing='pad_max'`` or ``'pack'``). Inductor needs a C++ compiler on a CPU and Triton, on a GPU of
+compute capability 7.0 or newer, on a GPU: `compile_problem` says when one is missing.
 """
 
 from __future__ import annotations
@@ -30,8 +30,14 @@ import sys
 import torch
 from torch import nn
 
+from .. import machine
 from ..choices import COMPILE_PACKINGS, check_compile  # noqa: F401 - RunConfig's checks, part of this module's API
 from ..errors import ConfigError
+
+# Triton compiles for Volta (7.0) and newer; on a P100 (6.0) Inductor raises "Found Tesla P100-PCIE-16GB which is too
+# old to be supported by the triton GPU compiler, which is used as the backend. Triton only supports devices of CUDA
+# Capability >= 7.0".
+TRITON_MIN_CAPABILITY = (7, 0)
 
 
 def compile_problem(device: torch.device) -> str | None:
@@ -45,6 +51,11 @@ def compile_problem(device: torch.device) -> str | None:
     if device.type == "cuda":
         if importlib.util.find_spec("triton") is None:
             return "TorchInductor needs Triton on a GPU, and it is not installed (`pip install triton`)"
+        gpu = machine.here()
+        if gpu.capability is not None and gpu.capability < TRITON_MIN_CAPABILITY:
+            major, minor = TRITON_MIN_CAPABILITY
+            return (f"TorchInductor's Triton kernels need a GPU of compute capability {major}.{minor} or newer, and "
+                    f"{gpu.gpu} is {gpu.capability[0]}.{gpu.capability[1]} (Triton refuses it as too old)")
         return None
     compilers = [os.environ.get("CXX"), "g++", "c++", "clang++", "cl"]
     if not any(name and shutil.which(name) for name in compilers):

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ... import config, machine, models, results, train
+from ... import config, data, machine, models, results, train
 from ...config import RunConfig
 from ...env import Profile, env_report, profile, resolve_device
 from ...errors import ConfigError, DistributedError
@@ -65,7 +65,9 @@ def workload(prof: Profile | None = None) -> RunConfig:
     """The notebook's fine-tune: ``tiny_vit`` on the small offline data, or the profile's workload at ``full``.
 
     ``tiny_vit`` has no BatchNorm, so one process and N compute the same thing on a CPU too. With a single GPU
-    (Colab) the jobs run as CPU processes on the small workload: DDP takes one process per device.
+    (Colab) the jobs run as CPU processes on the small workload: DDP takes one process per device. The same on a
+    CPU at ``full``: a BatchNorm model's ranks would each normalise by their own samples there (no SyncBatchNorm
+    over gloo), and one process and N would train different models.
 
     Args:
         prof: the profile (default: the active one).
@@ -74,10 +76,15 @@ def workload(prof: Profile | None = None) -> RunConfig:
     base = config.baseline(prof)
     if base.model == "small_cnn":
         base = base.replace(model=VIT)
-    if resolve_device(base.device).type == "cuda" and machine.here().gpu_count < 2:
+    device = resolve_device(base.device).type
+    if device == "cuda" and machine.here().gpu_count < 2:
         note("one GPU here, and DDP runs one process per device: this notebook's jobs run as CPU processes over "
              "gloo, on tiny_vit and the small offline data")
         return config.baseline(prof, **{**config.SMALL_WORKLOAD, "model": VIT}, device="cpu")
+    if device == "cpu" and uses_batch_statistics(base):  # `full` on a CPU: no SyncBatchNorm over gloo
+        note(f"CPU processes here, where BatchNorm's statistics stay per rank (SyncBatchNorm needs CUDA): this "
+             f"notebook's jobs run tiny_vit instead of {base.model}, on the small offline data")
+        return config.baseline(prof, **{**config.SMALL_WORKLOAD, "model": VIT})
     return base
 
 
@@ -298,6 +305,7 @@ def launch(cfg: RunConfig, nproc: int = 2, fail_rank: int | None = None, fail_st
         else:
             _remember(cached)
             return cached
+    data.download_once(cfg.dataset)  # here, once: N ranks would each fetch the same archive into the same folder
     out = Path(tempfile.mkdtemp(prefix="labkit-launch-"))
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     script = [*WORKER, "--config", str(out / "config.json"), "--out", str(out), "--backend", backend,

@@ -20,9 +20,9 @@ import torch
 from ... import measure, train
 from ...config import RunConfig
 from ...data import cache_dir
-from ...env import resolve_device
+from ...env import env_report, resolve_device
 from ...messages import worded
-from ...techniques.precision import resolve_precision
+from ...techniques.precision import low_precision_for, resolve_precision
 
 PROFILE_TOP = 10  # operators in the profiler's table
 TRACE_DIR = "traces"  # under the data cache: Chrome traces of the profiled steps
@@ -86,14 +86,15 @@ def quiet_native_output():
 
 
 def profiler_precision(cfg: RunConfig) -> str:
-    """The mixed precision to profile against fp32: ``auto``'s, or bf16 where ``auto`` keeps fp32 (P100, some CPUs).
+    """The mixed precision to profile against fp32: ``auto``'s, or where ``auto`` keeps fp32 (a P100, a CPU without
+    native bf16) the one `low_precision_for` picks there: fp16 on a GPU (pre-Ampere GPUs emulate or refuse bf16).
 
     Args:
         cfg: the config whose device decides.
     """
     device = resolve_device(cfg.device)
     auto = resolve_precision("auto", device).name
-    return auto if auto != "fp32" else "bf16"
+    return auto if auto != "fp32" else low_precision_for(env_report(cfg.device))
 
 
 def profile_step(cfg: RunConfig, precision: str | None = None, warmup_steps: int = 2,
