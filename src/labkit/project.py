@@ -24,8 +24,11 @@ NOTEBOOK_EXTRAS = {"03_memory_savers.ipynb": ("memory",), "06_quantization.ipynb
 # (oldest torch, torchao), newest first.
 TORCHAO_FOR_TORCH = (((2, 11), "0.18.0"), ((2, 10), "0.16.0"), ((2, 9, 1), "0.15.0"), ((2, 9), "0.14.1"),
                      ((2, 8), "0.13.0"), ((2, 5), "0.12.0"))
-# Notebooks whose setup cell installs a torchao matched to the torch it finds.
-NEEDS_TORCHAO = ("06_quantization.ipynb",)
+# Notebooks whose setup cell installs a torchao matched to the torch it finds: 06 quantizes with it, and 08's PEFT
+# imports it when it is installed, refusing one older than 0.16 (PEFT 0.19+), as Colab preinstalls (0.10).
+NEEDS_TORCHAO = ("06_quantization.ipynb", "08_lora.ipynb")
+# PEFT releases and the oldest torchao each accepts (peft/import_utils.py, is_torchao_available): (peft, torchao).
+PEFT_MIN_TORCHAO = (((0, 19), (0, 16)), ((0, 0), (0, 4)))
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -62,6 +65,24 @@ def torchao_requirement(torch_version: str | None = None) -> str:
         if release >= oldest:
             return f"torchao=={torchao}"
     raise ValueError(f"torch_version={torch_version!r} is not allowed: torch 2.5 or newer (labkit's floor)")
+
+
+def peft_torchao_problem(peft_version: str, torchao_version: str | None) -> str | None:
+    """Why PEFT ``peft_version`` will refuse torchao ``torchao_version`` at ``get_peft_model`` (an ImportError there),
+    or None: PEFT checks an installed torchao's version when it adapts a layer, and 0.19+ wants torchao 0.16+.
+
+    Example:
+        >>> peft_torchao_problem("0.20.0", "0.10.0")
+        'PEFT 0.20.0 refuses it as soon as it adapts a layer: it needs torchao 0.16 or newer'
+    """
+    if torchao_version is None:
+        return None
+    peft, torchao = _release(peft_version), _release(torchao_version)
+    oldest = next(needed for since, needed in PEFT_MIN_TORCHAO if peft >= since)
+    if torchao >= oldest:
+        return None
+    needed = ".".join(map(str, oldest))
+    return f"PEFT {peft_version} refuses it as soon as it adapts a layer: it needs torchao {needed} or newer"
 
 
 def install_spec(notebook: str | None = None) -> str:

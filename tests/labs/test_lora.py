@@ -1,6 +1,9 @@
 """labkit.labs.lora and RunConfig's LoRA fields on the language model: fit trains only the adapters, PEFT agrees
 (outputs, gradients, save, reload, merge), the paper's count, QLoRA, the memory formula, merged inference."""
 
+import importlib
+
+import pandas as pd
 import pytest
 import torch
 
@@ -254,3 +257,43 @@ def test_the_roundtrip_finding_is_one_wrapped_verdict():
                                   "reload_diff": 0.0, "merge_diff": 1e-6, "lora_layers_after_merge": 0})
     assert "74 kB against the model's 3.2 MB (2.33%)" in text.replace("\n", " ")
     assert all(len(line) <= 100 for line in str(text).splitlines())
+
+
+def test_qlora_keeps_a_tied_output_layer_and_its_embeddings_in_float32(monkeypatch):
+    # Casting a tied lm_head to fp16 cast the embeddings too: Qwen2.5's residual stream then ran in fp16 on a T4
+    from labkit import machine, models
+
+    monkeypatch.setenv("LABKIT_SHRINK", "1")  # Qwen2.5-1.5B's architecture at CPU size: tied, GQA, q/k/v biases
+    cfg = small_cfg(model="qwen2.5_1.5b", dataset="pydoc_text", pretrained=False)
+    with machine.described("t4"):  # fp16 base, float32 adapters
+        model = lab.qlora_model(cfg, lab.BASE16, rank=2)  # built on the CPU, cast as for the T4
+    assert models.output_layer_tied(model) and model.lm_head.weight.dtype == torch.float32
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    layer = model.model.layers[0].self_attn.q_proj
+    assert layer.base.weight.dtype == torch.float16 and layer.lora_A.dtype == torch.float32
+    untied = lab.qlora_model(small_cfg(device="cpu"), lab.BASE16, rank=2)  # tiny_llama: its own output layer
+    assert untied.lm_head.weight.dtype == torch.bfloat16
+
+
+def test_a_qlora_run_that_fails_is_a_row_with_its_error(monkeypatch):
+    def overflow(*args, **kwargs):
+        raise labkit.errors.NonFiniteLossError(3, float("nan"), "fp16")
+
+    monkeypatch.setattr(lab.qlora.train, "fit", overflow)
+    row = lab.qlora._qlora_row(lab.qlora_config(small_cfg()), lab.BASE16, rank=2)
+    assert row["setup"] == lab.BASE16 and row["error"].startswith("NonFiniteLossError") and row["base_weight_bytes"]
+    frame = pd.DataFrame([row, {"setup": lab.NF4, "model": "tiny_llama", "error": "no 4-bit kernels here"}])
+    assert lab.qlora_finding(frame).startswith("The 16-bit base did not run here: NonFiniteLossError")
+
+
+def test_peft_refusing_colabs_torchao_is_said_before_get_peft_model(monkeypatch):
+    # Colab's image (2026-08): PEFT 0.20 and a preinstalled torchao 0.10, which PEFT refuses mid-get_peft_model
+    pytest.importorskip("peft")
+    versions = {"torchao": "0.10.0"}
+    monkeypatch.setattr(lab.base.quantization, "installed_version", lambda name: versions.get(name))
+    monkeypatch.setattr(importlib.import_module("peft"), "__version__", "0.20.0")
+    with pytest.raises(labkit.errors.UnsupportedError, match=r"torchao='0.10.0' cannot run here: PEFT 0.20.0 refuses "
+                                                             r"it .* needs torchao 0.16 or newer.*%pip install"):
+        lab.base.quiet_import("peft")
+    versions["torchao"] = "0.18.0"
+    assert lab.base.quiet_import("peft").__name__ == "peft"

@@ -22,6 +22,7 @@ from ... import models, train
 from ...config import RunConfig
 from ...env import Profile, import_bitsandbytes
 from ...errors import UnsupportedError
+from ...project import peft_torchao_problem, torchao_requirement
 from ...techniques import quantization
 from ...techniques.lora import ALL_LINEAR
 from ...workloads import FINETUNE_DATASET, FINETUNE_LR, LM_FINETUNE_MODELS, lm_finetune_config
@@ -102,6 +103,12 @@ def quiet_import(name: str):
     if importlib.util.find_spec("bitsandbytes") is not None:
         import_bitsandbytes()
     module = importlib.import_module(name)
+    if name == "peft":  # said here, not as PEFT's ImportError in the middle of get_peft_model
+        problem = peft_torchao_problem(module.__version__, quantization.installed_version("torchao"))
+        if problem is not None:
+            raise UnsupportedError("torchao", quantization.installed_version("torchao"), problem,
+                                   f'the torchao built for this torch: %pip install "{torchao_requirement()}", then '
+                                   "restart the kernel (08's setup cell does this on Colab and Kaggle)")
     if name == "transformers":  # its loading bars would print under the cell on every load
         module.utils.logging.disable_progress_bar()
         module.logging.set_verbosity_error()  # "newly initialized classifier" is expected: it is a new task
