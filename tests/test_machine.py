@@ -171,3 +171,56 @@ def test_qlora_computes_in_the_devices_native_16_bit_type(name, device, half, ad
 
     with machine.described(name):
         assert qlora.qlora_dtypes(torch.device(device)) == (half, adapters, run)
+
+
+def test_a_t4_has_the_memory_torch_reports_and_budgets_read_the_described_machine():
+    # 16 GB on the box, 14.56-14.75 GiB in torch.cuda.get_device_properties(0).total_memory
+    from labkit.capacity import lm_fits
+
+    with machine.described("t4"):
+        assert round(machine.gpu_budget_bytes() / machine.GIB, 2) == 14.56
+        assert lm_fits.own_gpu_bytes() == machine.T4_TORCH_BYTES == lm_fits.T4_USABLE_BYTES
+        table = lm_fits.fits_table()
+        assert (table.fits_your_gpu == table.fits_t4).all()  # "your GPU" is the described T4
+    with machine.described("h200"):
+        assert (lm_fits.fits_table().fits_your_gpu == "yes").all()
+    with machine.described("cpu_avx2"):
+        assert machine.gpu_budget_bytes() is None and (lm_fits.fits_table().fits_your_gpu == "no GPU").all()
+    assert machine.DESCRIBED["2xt4"].gpu_memory_bytes == machine.T4_TORCH_BYTES  # per GPU
+
+
+def test_a_model_that_needs_15_gib_does_not_fit_a_t4():
+    from labkit.capacity import lm_fits
+
+    table = lm_fits.fits_table(gpu_bytes=15 * machine.GIB)
+    between = table[(table.total_bytes > machine.T4_TORCH_BYTES) & (table.total_bytes <= 15 * machine.GIB)]
+    assert (between.fits_t4 == "no").all() and (between.fits_your_gpu == "yes").all()
+
+
+@pytest.mark.parametrize("name, problem", [("t4", None), ("a100", None), ("p100", "capability 7.0 or newer")])
+def test_compile_is_refused_below_volta_where_triton_cannot_build(monkeypatch, name, problem):
+    from labkit.techniques import compiling
+
+    monkeypatch.setattr(compiling.importlib.util, "find_spec", lambda name: object())  # Triton "installed"
+    with machine.described(name):
+        why = compiling.compile_problem(torch.device("cuda"))
+    assert why is None if problem is None else problem in why and "6.0" in why
+
+
+@pytest.mark.parametrize("name, expected", [("p100", "fp16"), ("t4", "fp16"), ("a100", "bf16"),
+                                            ("cpu_avx2", "bf16"), ("cpu_bf16", "bf16")])
+def test_notebook_09_profiles_the_low_precision_this_machine_would_use(name, expected):
+    from labkit.labs.recipe.profiler import profiler_precision
+
+    with machine.described(name):
+        assert profiler_precision(labkit.RunConfig(device="auto")) == expected  # never bf16 on a pre-Ampere GPU
+
+
+def test_notebook_07_on_cpu_processes_at_full_avoids_batchnorm(monkeypatch, capsys):
+    # `full`'s ResNet-18 on CPU processes: no SyncBatchNorm over gloo, so one process and two would differ
+    monkeypatch.setattr(config, "workload", lambda prof=None: {"model": "resnet18", "dataset": "shapes10",
+                                                               "image_size": 48, "batch_size": 32})
+    with machine.described("cpu_avx2"):
+        cfg = lab07.workload(labkit.profile("full"))
+    assert cfg.model == lab07.VIT and cfg.dataset == "shapes10"
+    assert "BatchNorm's statistics stay per rank" in " ".join(capsys.readouterr().out.split())

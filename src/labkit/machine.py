@@ -3,8 +3,9 @@
 Every platform decision of the engine (which precision ``auto`` picks, which profile and workload, how many
 processes and which backend, which quantization methods are offered, how far a batch search may go) reads a
 `Machine`: `here` describes the real one from torch and ``/proc/cpuinfo``. ``with described("t4"):`` makes
-`here` answer with a described machine instead, so that the decisions for a Colab T4, a Kaggle P100 or an H200
-can be checked, and printed, on a CPU. Only decisions read it: a tensor still goes to the real device.
+`here` answer with a described machine instead, so that the decisions for a Colab T4, Kaggle's two T4s, a P100
+(refused by today's torch builds) or an H200 can be checked, and printed, on a CPU. Only decisions read it: a
+tensor still goes to the real device.
 
 Example:
     >>> with labkit.machine.described("t4"):
@@ -130,14 +131,21 @@ class Machine:
 
 
 # The installed torch's kernels as CUDA 12.x wheels of torch 2.7 and later ship them (no sm_60), and an older
-# build (torch 2.5 cu121) that still had them: Kaggle's P100 runs only with the second.
+# build (torch 2.5 cu121) that still had them: a P100 (Kaggle's GPU until 2026, when "GPU T4 x2" became its only
+# one) runs only with the second.
 NEW_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120")
 OLD_ARCHS = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "compute_90")
 
+# A T4 as torch sees it: the 16 GB card's total_memory is 14.56-14.75 GiB once the driver and ECC take theirs (OOM
+# messages in unslothai/unsloth#465; Unsloth's Kaggle T4 trace: gpu_total_gb 14.6). The lower figure, so that what
+# fits a described T4 fits every real one.
+T4_TORCH_BYTES = round(14.56 * GIB)
+
 DESCRIBED = {
     m.name: m for m in (
-        Machine("t4", "Tesla T4", (7, 5), 15 * GIB, 1, NEW_ARCHS, cpu_bf16=False, cpu_fp16=False),
-        Machine("2xt4", "Tesla T4", (7, 5), 15 * GIB, 2, NEW_ARCHS, cpu_bf16=False, cpu_fp16=False, cpu_cores=4),
+        Machine("t4", "Tesla T4", (7, 5), T4_TORCH_BYTES, 1, NEW_ARCHS, cpu_bf16=False, cpu_fp16=False),
+        Machine("2xt4", "Tesla T4", (7, 5), T4_TORCH_BYTES, 2, NEW_ARCHS, cpu_bf16=False, cpu_fp16=False,
+                cpu_cores=4),
         Machine("p100", "Tesla P100-PCIE-16GB", (6, 0), 16 * GIB, 1, OLD_ARCHS, cpu_bf16=False, cpu_fp16=False),
         Machine("p100_no_sm60", "Tesla P100-PCIE-16GB", (6, 0), 16 * GIB, 1, NEW_ARCHS, cpu_bf16=False,
                 cpu_fp16=False),
@@ -194,6 +202,24 @@ def here() -> Machine:
         except (RuntimeError, AssertionError):  # a GPU without kernels here may not answer
             values["gpu_memory_bytes"] = None
     return Machine("here", **values)
+
+
+def gpu_budget_bytes() -> int | None:
+    """The memory a run may use on this machine's first GPU, None without one: a described machine's memory (as
+    torch reports it), or on a real GPU what the driver says is free (``torch.cuda.mem_get_info``) plus what this
+    process's allocator already holds and can reuse; another process's share, or the CUDA context's, is not ours.
+
+    Example:
+        >>> with described("t4"):
+        ...     round(gpu_budget_bytes() / GIB, 2)
+        14.56
+    """
+    if _described:
+        return _described[-1].gpu_memory_bytes if _described[-1].gpu_count else None
+    if not torch.cuda.is_available():
+        return None
+    free, _ = torch.cuda.mem_get_info(0)
+    return int(free + torch.cuda.memory_reserved(0))
 
 
 @contextlib.contextmanager

@@ -7,24 +7,26 @@ Notebooks 08 (LoRA) and 10 (language models) print it; `lm_training_memory` stat
 from __future__ import annotations
 
 import pandas as pd
-import torch
 
-from ..models.hub import DecoderShape
+from .. import machine
+from ..models.hub import HUB_MODELS, DecoderShape
 from .lm_memory import decoder_shape, lm_training_memory
 
-T4_USABLE_BYTES = 15 * 2**30  # a T4's 16 GiB, less what CUDA's context and the allocator's caching take
+T4_USABLE_BYTES = machine.T4_TORCH_BYTES  # a T4's 16 GB as torch sees it: 14.56 GiB (`labkit.machine`)
 # mistralai/Mistral-7B-v0.1's config.json (Apache-2.0): not built by labkit, only sized here.
 MISTRAL_7B = DecoderShape(4096, 14336, 32, 32, 8, 32000, False, 32768)
-SIZES = {"SmolLM2-135M": "smollm2_135m", "Qwen2.5-0.5B": "qwen2.5_0.5b", "Qwen2.5-1.5B": "qwen2.5_1.5b",
-         "Mistral-7B": MISTRAL_7B}
+# The published shapes (never `labkit.models.hub.shrunk_shape`'s): a plan is about the models learners download.
+SIZES = {"SmolLM2-135M": HUB_MODELS["smollm2_135m"].shape, "Qwen2.5-0.5B": HUB_MODELS["qwen2.5_0.5b"].shape,
+         "Qwen2.5-1.5B": HUB_MODELS["qwen2.5_1.5b"].shape, "Mistral-7B": MISTRAL_7B}
 METHOD_NAMES = {"full": "full fine-tune", "lora": "LoRA", "qlora": "QLoRA"}
 SETTINGS = {"seq_len": 512, "micro_batch": 4, "precision": "fp16", "checkpointing": True, "lora_rank": 16,
             "lora_targets": "all"}
 
 
 def own_gpu_bytes() -> int | None:
-    """This machine's first GPU's memory in bytes, or None without one."""
-    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    """What a run may use on this machine's first GPU (`labkit.machine.gpu_budget_bytes`: a described machine's
+    memory, or what is free on a real one), or None without one."""
+    return machine.gpu_budget_bytes()
 
 
 def fits_table(gpu_bytes: int | None = None, **settings) -> pd.DataFrame:
