@@ -185,24 +185,24 @@ def test_a_model_handed_in_on_the_device_counts_as_the_runs_own(monkeypatch):
 
 def test_flops_of_the_gpu_attention_kernels_count_grouped_query_attention(monkeypatch):
     # torch 2.9's own SDPA formulas asserted equal query and key/value heads, so counting a GQA model's step on an
-    # A100 or L4 (the flash kernel, no mask) raised. Meta tensors run the kernels' shapes on a CPU.
+    # A100 or L4 (the flash kernel, no mask) raised. Meta tensors run the kernel's shapes on a CPU.
     from torch.utils import flop_counter
 
     def torch_2_9(query_shape, key_shape, value_shape, *args, **kwargs):
         assert query_shape[1] == key_shape[1], "torch 2.9: heads must match"
         return 0
 
-    op = torch.ops.aten._scaled_dot_product_efficient_attention
+    op = torch.ops.aten._scaled_dot_product_flash_attention
     monkeypatch.setitem(flop_counter.flop_registry, op, flop_counter.shape_wrapper(torch_2_9))
-    q = torch.randn(2, 4, 8, 16, device="meta", requires_grad=True)  # 4 query heads
-    k, v = (torch.randn(2, 2, 8, 16, device="meta", requires_grad=True) for _ in range(2))  # 2 key/value heads
-
-    def step():
-        op(q, k, v, None, True)[0].sum().backward()
-
+    q = torch.randn(2, 4, 8, 16, device="meta")  # 4 query heads
+    k, v = (torch.randn(2, 2, 8, 16, device="meta") for _ in range(2))  # 2 key/value heads
     with pytest.raises(AssertionError, match="heads must match"), flop_counter.FlopCounterMode(display=False):
-        step()  # torch's counter, as on torch 2.9
-
+        op(q, k, v)  # torch's counter, as on torch 2.9
     forward = 2 * 2 * 4 * 8 * 8 * (16 + 16)  # Q K^T and scores x V for each query head
-    assert measure.count_flops(step) == 3 * forward  # the backward pass: twice the forward's products
+    assert measure.count_flops(lambda: op(q, k, v)) == forward
     assert measure.counts.sdpa_flops((2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16)) == forward  # no GQA: the same
+    # the backward pass: the gradients of the scores, V, Q and K, twice the forward's products
+    assert measure.counts.sdpa_backward_flops((2, 4, 8, 16), (2, 4, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16)) == 2 * forward
+    q, k, v = (torch.randn(2, 4, 8, 16, device="meta", requires_grad=True) for _ in range(3))
+    step = torch.ops.aten._scaled_dot_product_efficient_attention
+    assert measure.count_flops(lambda: step(q, k, v, None, True)[0].sum().backward()) == 3 * forward
