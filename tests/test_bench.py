@@ -14,10 +14,12 @@ import pandas as pd
 import pytest
 
 import labkit
-from labkit import cli, results
-from labkit.bench import GPU_SUITE, SuitePart, run_bench, run_suite, suite
+from labkit import cli, downloads, results, train_lm
+from labkit.bench import GPU_SUITE, SuitePart, Workload, run_bench, run_suite, suite, suite_vision_workload
 from labkit.bench import parts as bench_parts
+from labkit.bench import suite_workloads as bench_workloads
 from labkit.bench.common import Part
+from labkit.env import PROFILES, SHRINK_ENV
 from labkit.errors import ConfigError
 from labkit.labs import lora, quantization
 
@@ -26,9 +28,16 @@ from labkit.labs import lora, quantization
 def bench_cfg(monkeypatch):
     """A run of a few steps: shared by both tests that run real parts, so the second reads the first's runs.
 
-    The batch search's pretend GPU shrinks from 64 to 16 MiB: a quarter of the samples in its largest probes.
+    The batch search's pretend GPU shrinks from 64 to 16 MiB: a quarter of the samples in its largest probes. The
+    language-model parts take 2 rows of at most 32 tokens and 4 steps (1 warm-up, 2 profiling, 1 timed): each run's
+    cost is then its memory-tracking step's.
     """
     monkeypatch.setattr(bench_parts, "CPU_BUDGET_BYTES", 16 * 2**20)
+    monkeypatch.setattr(bench_parts, "ATTENTION_LONGEST", 32)
+    monkeypatch.setattr(bench_parts, "LADDER_SHAPE", {"batch_size": 2, "seq_len": 16})
+    lm_speed_config = bench_workloads.lm_speed_config
+    monkeypatch.setattr(bench_workloads, "lm_speed_config", lambda **fields: lm_speed_config(
+        **{"batch_size": 2, "seq_len": 16, "train_size": 8, "max_steps": 4, **fields}))
     return labkit.RunConfig(model="small_cnn", dataset="shapes10", batch_size=8, max_steps=4, train_size=64,
                             device="cpu", evaluate=False)
 
@@ -82,8 +91,10 @@ def test_gpu_suite_runs_every_part_on_the_cpu_and_goes_on_after_one_raises(tmp_p
     """The CI smoke test of ``labkit bench --suite gpu``: each part writes a file that loads back, or says why not.
 
     06's comparison and 08's QLoRA runs are stand-ins checked against the real signatures: on a CPU they take
-    minutes (emulated fp16, NF4); tests/labs/test_quantization.py and test_lora.py run them.
+    minutes (emulated fp16, NF4); tests/labs/test_quantization.py and test_lora.py run them. The ladder's compile
+    rung says it cannot compile here: a cold compile takes tens of seconds on a CPU.
     """
+    monkeypatch.setattr(train_lm, "compile_problem", lambda device: "no compiling in this test")
     monkeypatch.setenv("LABKIT_PROFILE", "quick")
     table = pd.DataFrame([{"model": m, "method": "fp32", "ran": True, "gpu_latency_s": None}
                           for m in ("tiny_vit", "small_cnn")])
@@ -119,6 +130,21 @@ def test_gpu_suite_runs_every_part_on_the_cpu_and_goes_on_after_one_raises(tmp_p
         assert payload["runs"] or payload["rows"] or payload["extras"].keys() - {"env"}, label
         if payload["runs"] or payload["rows"]:
             assert len(labkit.load_reference(f"{label}*")) > 0, label
+    payloads = {label: json.loads((tmp_path / rows[label]["file"]).read_text()) for label in ok}
+    assert all(p["extras"]["fallback"] is None and p["extras"]["workload"] for p in payloads.values())
+    assert payloads["01_mixed_precision-compare"]["extras"]["workload"] == {
+        "cnn": "small_cnn (pretrained) on shapes10 at its own size, batch 8"}
+    lm = payloads["01_mixed_precision-lm"]
+    assert lm["extras"]["workload"]["lm_speed"].startswith("tiny_llama (random weights) on pydoc_text")
+    assert {"fp32", "fp16 + GradScaler"} <= {r["setup"] for r in lm["rows"]} and "fp16 + GradScaler" in (
+        lm["extras"]["finding"])
+    attention = payloads["10_language_models-attention"]
+    assert [(r["config"]["seq_len"], r["config"]["attn_implementation"]) for r in attention["runs"]] == [
+        (n, impl) for n in (8, 16, 32) for impl in ("sdpa", "eager")]
+    assert {r["impl"] for r in payloads["10_language_models-optimizers"]["rows"]} == {"forloop", "foreach", "fused"}
+    ladder = payloads["10_language_models-ladder"]["rows"]
+    assert [r["rung"] for r in ladder] == list(labkit.labs.language.RUNGS) and not any(r["error"] for r in ladder)
+    assert ladder[5]["compile"] is True and ladder[5]["compile_time_s"] is None  # said it could not compile here
     semi = json.loads((tmp_path / rows["04_pruning-2to4"]["file"]).read_text())["extras"]
     assert semi["speedup"] is None and "CUDA GPU" in semi["reason"]
     (cfgs,), asked = methods.calls[0]
@@ -129,7 +155,8 @@ def test_gpu_suite_runs_every_part_on_the_cpu_and_goes_on_after_one_raises(tmp_p
     assert list(summary.part) == list(rows) and "boom" in json.loads(report.summary_path.read_text())[
         "extras"]["errors"]["01_mixed_precision-layouts"]
     printed = capsys.readouterr().out
-    assert "[13/13] 09_recipe-profiler: ok in" in printed and "11 ok, 1 failed, 1 not run" in printed
+    assert "[17/17] 10_language_models-ladder: ok in" in printed and "15 ok, 1 failed, 1 not run" in printed
+    assert "STAND-IN" not in printed and all(r["fallback"] is None for r in report.rows)
 
 
 def _quick_part(name: str, estimate_s: float, run) -> SuitePart:
@@ -195,14 +222,18 @@ def test_gpu_suite_names_bad_input(tmp_path):
         run_suite("gpu", out_dir=tmp_path, budget_s=True)
     assert [p.label for p in suite.select("gpu", ["08_lora", "01_mixed_precision-memory"])] == [
         "01_mixed_precision-memory", "08_lora-qlora"]
-    assert sum(p.estimate_s for p in GPU_SUITE if p.notebook != "07_distributed") <= 8 * 60  # sized for one T4
+    table = dict(re.findall(r"^(\d\d [\w-]+) +(\d+) ", suite.__doc__, re.MULTILINE))
+    assert table == {f"{p.notebook[:2]} {p.name}": str(int(p.estimate_s)) for p in GPU_SUITE}  # the docstring's sizing
+    total = sum(p.estimate_s for p in GPU_SUITE if p.notebook != "07_distributed")
+    assert f"About {total:.0f} s on one T4" in suite.__doc__ and total > suite.DEFAULT_BUDGET_S  # the tail skipped
+    assert [p.name for p in GPU_SUITE[-4:]] == ["lm", "attention", "optimizers", "ladder"]  # over a T4's budget: last
     assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_bench_suite_and_its_budget(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(suite, "SUITES", {"gpu": (_quick_part("fast", 0.01, lambda cfg: Part("x", rows=pd.DataFrame(
         [{"a": 1}]))), _quick_part("fails", 0.01, lambda cfg: 1 / 0))})
-    monkeypatch.setattr(suite, "workloads", lambda prof, cfg=None: {"cnn": lambda: None})
+    monkeypatch.setattr(suite, "suite_workloads", lambda prof, cfg=None: {"cnn": lambda: Workload(labkit.RunConfig())})
     assert cli.main(["bench", "--suite", "gpu", "--profile", "ci", "--out", str(tmp_path), "--budget-s", "60"]) == 1
     out = capsys.readouterr().out
     assert "99_test-fast: ok in" in out and "ZeroDivisionError: division by zero" in out and "budget 60 s" in out
@@ -213,10 +244,10 @@ def test_cli_bench_suite_and_its_budget(tmp_path, monkeypatch, capsys):
 
 
 def test_a_notebook_still_shows_its_published_rows_beside_suite_files(tmp_path, monkeypatch):
-    """05, 07 and 09 read ``05_freezing-*``, ``07_distributed-*`` and ``09_recipe-*`` as published rows: a suite file
-    that those patterns also match (here all of them) is passed over, not an error."""
+    """05, 07 and 09 read ``05_freezing-*``, ``07_distributed-*`` and ``09_recipe-*`` as published rows (10 reads
+    none of its suite parts' names): a suite file that those patterns also match is passed over, not an error."""
     sources = Path(__file__).parents[1] / "notebooks" / "src"
-    patterns = [p for path in sorted(sources.glob("0*.py"))
+    patterns = [p for path in sorted(sources.glob("[01][0-9]_*.py"))
                 for call in re.findall(r"results\.published\(([^)]*)\)", path.read_text())
                 for p in re.findall(r'"([^"]+)"', call)]
     for path in results.REFERENCE_DIR.glob("*.json"):
@@ -228,3 +259,34 @@ def test_a_notebook_still_shows_its_published_rows_beside_suite_files(tmp_path, 
                                                       for pattern in patterns))
     assert taken == ["05_freezing-levels", "07_distributed-dp-vs-ddp", "09_recipe-profiler"]
     assert all(len(results.published(pattern)) for pattern in patterns)
+
+
+def test_the_suite_labels_its_offline_stand_in_for_cifar10_in_every_file(tmp_path, monkeypatch, capsys):
+    """`full` offline without CIFAR-10: ResNet-18 from random weights on shapes10 at full's size and batch (not
+    small_cnn at 32x32), said in each part's file and in the summary; with CIFAR-10 on disk, full's own workload."""
+    monkeypatch.delenv(SHRINK_ENV, raising=False)  # make test's full-shapes run: `full` must be the real profile
+    full = PROFILES["full"]
+    monkeypatch.setattr(downloads, "on_disk", lambda name, root=None: name != "cifar10")
+    stand_in = suite_vision_workload(full)
+    assert (stand_in.cfg.model, stand_in.cfg.dataset, stand_in.cfg.image_size, stand_in.cfg.batch_size,
+            stand_in.cfg.pretrained) == ("resnet18", "shapes10", 128, 128, False)
+    assert stand_in.fallback.startswith("resnet18 (random weights) on shapes10 at 128x128, batch 128: offline stand-in "
+                                        "for cifar10 and ImageNet weights (cifar10 is not on disk and $LABKIT_OFFLINE")
+    assert stand_in.fallback.endswith("speed and memory as full's, accuracy not")
+
+    seen = []
+    stand_ins = (SuitePart("99_test", "vision", lambda cfg: seen.append(cfg) or Part("x", extras={"a": 1}), ("cnn",),
+                           0.01, "a stand-in"),)
+    monkeypatch.setattr(suite, "SUITES", {"gpu": stand_ins})
+    report = run_suite("gpu", out_dir=tmp_path, profile_name="full")
+    assert seen[0].model == "resnet18" and seen[0].max_steps == suite.SUITE_STEPS
+    extras = json.loads(report.paths[0].read_text())["extras"]
+    assert extras["fallback"] == {"cnn": stand_in.fallback} and extras["workload"]["cnn"].startswith("resnet18 (rand")
+    summary = json.loads(report.summary_path.read_text())
+    assert summary["rows"][0]["fallback"] == stand_in.fallback == summary["extras"]["workloads"]["cnn"]["fallback"]
+    assert f"STAND-IN: {stand_in.fallback}" in capsys.readouterr().out
+
+    monkeypatch.setattr(downloads, "on_disk", lambda name, root=None: True)
+    real = suite_vision_workload(full)
+    assert (real.cfg.model, real.cfg.dataset, real.cfg.image_size, real.cfg.pretrained, real.fallback) == (
+        "resnet18", "cifar10", 128, True, None)

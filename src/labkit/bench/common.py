@@ -19,6 +19,9 @@ from ..results import REFERENCE_DIR, write_reference
 # out-of-memory error (and backs off from it) even on a much larger GPU.
 EMULATED_GPU_BYTES = 15 * 2**30
 CPU_BUDGET_BYTES = 64 * 2**20  # notebook 02's pretend GPU
+# The most steps of a suite run (5 warm-up, 2 profiling, 33 timed at `full`: a median and a p10-p90 spread), and the
+# most timed rounds of a measurement that repeats one operation (AdamW's step alone)
+SUITE_STEPS = 40
 # The machine's report fields a measured file keeps beside write_reference's own (GPU, date, profile, versions).
 PROVENANCE_FIELDS = ("device", "gpu", "capability", "gpu_memory_bytes", "gpu_count", "bf16", "cpu", "cpu_threads",
                      "platform", "torch", "torchvision", "labkit", "python")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pandas as pd
+
 from ..capacity import batch_search
 from ..config import RunConfig
 from ..env import env_report, profile, resolve_device
@@ -15,6 +17,7 @@ from ..labs import (
     batch_size,
     distributed,
     freezing,
+    language,
     lora,
     memory_savers,
     mixed_precision,
@@ -23,16 +26,21 @@ from ..labs import (
     recipe,
 )
 from ..labs.start_here import timing_demo
+from ..models import max_positions
 from ..results import run_configs, to_frame
 from ..techniques.precision import low_precision_for
 from ..techniques.quantization import METHODS
 from ..train import fit
-from .common import CPU_BUDGET_BYTES, EMULATED_GPU_BYTES, Part, memory_cap, records
+from .common import CPU_BUDGET_BYTES, EMULATED_GPU_BYTES, SUITE_STEPS, Part, memory_cap, records
 
 # Notebook 06's methods with a kernel on a CUDA GPU: the CPU-only ones (torch.ao's int8) and QAT (a fine-tune) are
 # the CPU's story, told by the notebook itself.
 GPU_QUANT_METHODS = tuple(name for name, method in METHODS.items() if "cuda" in method.devices)
 STORAGE_SPARSITIES = (0.0, 0.7, 0.9, 0.99)  # of notebook 04's seven: dense, the CSR break-even region, the tail
+ATTENTION_ROWS = 2  # notebook 10's section 3: rows of each attention run
+ATTENTION_LONGEST = 512  # tokens: eager's probabilities on SmolLM2-135M's shape, 2 rows in fp32: 0.53 GiB
+LADDER_SHAPE = {"batch_size": 8, "seq_len": 64}  # notebook 10's section 9: the ladder's rows and their width
+LM_FIELDS = ("batch_size", "seq_len", "train_size", "max_steps", "device")  # what `lm_01` keeps of its workload
 
 
 def _low(cfg: RunConfig) -> str:
@@ -78,6 +86,17 @@ def scaler_01(cfg: RunConfig) -> Part:
     trace = mixed_precision.scaler_trace(cfg, steps=profile().max_steps // 2, init_scale=2.0**20, growth_interval=4)
     return Part("scaler", rows=trace,
                 extras={"underflow": records(mixed_precision.gradient_underflow(cfg, (1.0, 1e-3)))})
+
+
+def lm_01(lm: RunConfig) -> Part:
+    """Notebook 01, section 9: fp32 against fp16 + GradScaler (a T4's) and this device's low precision (bf16 where
+    native) on the language model of ``lm`` (`labkit.workloads.lm_speed_config`), its steps kept."""
+    lows = list(dict.fromkeys(["fp16", _low(lm)]))
+    fields = {name: getattr(lm, name) for name in LM_FIELDS}
+    frames = [mixed_precision.lm_compare(low, **fields) for low in lows]
+    frame = pd.concat(frames, ignore_index=True).drop_duplicates("setup", ignore_index=True)  # fp32 in each
+    return Part("lm", rows=frame, extras={"finding": " ".join(str(mixed_precision.lm_finding(frame, low))
+                                                              for low in lows)})
 
 
 def sweep_02(cfg: RunConfig) -> Part:
@@ -177,3 +196,43 @@ def profiler_09(cfg: RunConfig) -> Part:
              for step in (before, after)}
     return Part("profiler", rows=recipe.kinds_table(before, after),
                 extras={"steps": steps, "finding": str(recipe.profile_finding(before, after))})
+
+
+def attention_lengths(model: str) -> tuple[int, int, int]:
+    """Three doubling row widths up to `ATTENTION_LONGEST` tokens or half the model's longest: 128-512 on a hub
+    model's shape, notebook 10's 32-128 on ``tiny_llama`` (256 positions).
+
+    Example:
+        >>> attention_lengths("smollm2_135m")
+        (128, 256, 512)
+    """
+    top = min(ATTENTION_LONGEST, max_positions(model) // 2)
+    return top // 4, top // 2, top
+
+
+def attention_10(lm: RunConfig) -> Part:
+    """Notebook 10, section 3: eager attention against SDPA at `attention_lengths`, `ATTENTION_ROWS` rows padded to
+    each (its `lm_config` runs, SDPA then eager per length), on ``lm``'s model with its steps.
+
+    The runs themselves, not `attention_memory`'s frame: that sizes the attention probabilities for labkit's own
+    Llamas only.
+    """
+    lengths = attention_lengths(lm.model)
+    cfgs = [language.lm_config(n, ATTENTION_ROWS, impl, model=lm.model, max_steps=lm.max_steps, device=lm.device)
+            for n in lengths for impl in language.IMPLEMENTATIONS]
+    return Part("attention", run_configs(cfgs, progress=False), extras={"seq_lens": list(lengths),
+                                                                         "rows": ATTENTION_ROWS})
+
+
+def optimizers_10(lm: RunConfig) -> Part:
+    """Notebook 10, section 7: AdamW's step alone with the for-loop, foreach and fused kernels on ``lm``'s model,
+    timed interleaved over at most `SUITE_STEPS` rounds."""
+    frame = language.optimizer_kernels(lm.model, repeats=min(2 * profile().repeats, SUITE_STEPS))
+    return Part("optimizers", rows=frame, extras={"finding": str(language.optimizer_finding(frame))})
+
+
+def ladder_10(lm: RunConfig) -> Part:
+    """Notebook 10, section 9: the speed ladder (precision, SDPA, packing, fused AdamW, compile, then checkpointing
+    and chunked loss on twice the batch) at the notebook's `LADDER_SHAPE`, on ``lm``'s model with its steps."""
+    ladder = language.speed_ladder(lm.replace(**LADDER_SHAPE), progress=False)
+    return Part("ladder", rows=ladder.frame, extras={"finding": str(ladder.finding())})

@@ -1,21 +1,27 @@
-"""``labkit bench --suite gpu``: every GPU-only measurement of notebooks 01-09 in one command, within a time budget.
+"""``labkit bench --suite gpu``: every GPU-only measurement of notebooks 01-10 in one command, within a time budget.
 
-The command a GPU session runs, from the repository root (no network needed)::
+The command a GPU session runs, from the repository root (no network needed; ``benchmarks/gpu_wheels.sh`` run
+beforehand where there is network puts bitsandbytes, torchao and ipywidgets in ``.whl/``, which it installs)::
 
     bash benchmarks/gpu_suite.sh   # pip install --no-deps -e . && LABKIT_OFFLINE=1 labkit bench --suite gpu --out $OUT
 
 Each part calls its notebook's lab (`labkit.bench.parts`) and writes ``<notebook>-<part>-<gpu>-<date>.json`` as
-soon as it finishes, labelled with the GPU, its capability, torch's CUDA/cuDNN/NCCL builds and the date. The
-summary ``gpu_suite-summary-<gpu>-<date>.json`` (part, seconds, status, file, reason) is rewritten after every part,
-so an interruption keeps what finished. A part that raises is recorded there and the others go on; a part is
-skipped, with that reason, when its estimate would overrun the budget, and stopped at three times its estimate or
-the budget's end; one that cannot run here (DDP on one GPU) says why.
+soon as it finishes, labelled with the GPU, its capability, torch's CUDA/cuDNN/NCCL builds, the date and the
+workloads it ran on (``workload``, and ``fallback`` for a stand-in: `labkit.bench.suite_workloads`). The summary
+``gpu_suite-summary-<gpu>-<date>.json`` (part, seconds, status, file, reason, workload, fallback) is rewritten after
+every part, so an interruption keeps what finished. A part that raises is recorded there and the others go on; a
+part is skipped, with that reason, when its estimate would overrun the budget, and stopped at three times its
+estimate or the budget's end; one that cannot run here (DDP on one GPU) says why.
 
 Sizing (``full`` on one T4, the slowest GPU the lab promises): ResNet-18 at 128x128, batch 128, takes about
 0.13 s a step in fp32 and 0.05 s in fp16 (``benchmarks/size_full_workload.py``: FLOP counts at NVIDIA's published
-T4 rate); bf16 is emulated there (taken as 3x fp32). Every run is cut to `SUITE_STEPS` steps (5 warm-up, 2
-profiling, 33 timed: enough for a median and a p10-p90 spread) and costs about 6 s besides (model, cuDNN's
-autotuning, the profiling steps, the test split). Each part's estimate is runs x (steps x step time + 6 s):
+T4 rate); bf16 is emulated there (taken as 3x fp32). Offline, without CIFAR-10 on disk, the same model, size and
+batch run from random weights on ``shapes10``: the same costs. Every run is cut to `SUITE_STEPS` steps (5 warm-up,
+2 profiling, 33 timed: enough for a median and a p10-p90 spread) and costs about 6 s besides (model, cuDNN's
+autotuning, the profiling steps, the test split). Each part's estimate is runs x (steps x step time + 6 s).
+The language-model arms run SmolLM2-135M's shape from random weights (`labkit.workloads.lm_speed_config`: 13 steps,
+6 timed): 6 x 135M FLOPs a token, at 35 % of the T4's 8.1 TFLOP/s in fp32 and 65 in fp16, is 0.15 s and 0.02 s
+for 512 tokens, plus AdamW's pass over the weights (0.01-0.04 s):
 
 ====================  ===  ===========================================================
 part                  s    what costs
@@ -31,12 +37,18 @@ part                  s    what costs
 05 levels             55   5 runs, the frozen ones faster
 06 methods            70   tiny_vit fine-tune; 8 methods x 2 models built, timed, scored
 07 dp-vs-ddp          45   2+ GPUs only: torchrun start-up, DDP and DataParallel runs
-08 qlora              20   Qwen2.5-1.5B (08's QLoRA model), 2 runs of 20 steps
+08 qlora              20   Qwen2.5-1.5B (08's QLoRA model), 2 runs of 12 steps
 09 profiler           15   2 x (2 warm-up steps + 1 profiled step, a trace)
+01 lm                 15   2 runs at 4 x 128 tokens: fp32 2 s, fp16 0.5 s (bf16 too where native)
+10 attention          55   6 runs at 2 x 128/256/512 tokens, fp32: 0.08-0.33 s a step, eager 1.2x
+10 optimizers         20   4 models built (8 s); 40 rounds of 3 AdamW steps, 0.01-0.05 s each
+10 ladder             160  7 runs at 8 x 64 tokens (9 s of steps); 2 cold compiles, about 50 s each
 ====================  ===  ===========================================================
 
-About 445 s on one T4 (07 needs 2+ GPUs), under 8 minutes; an A100 or H200 takes a fraction of that. Offline,
-``full`` falls back (loudly) to ``small_cnn`` on ``shapes10``, cheaper still.
+About 695 s on one T4 (07 needs 2+ GPUs): over the budget, so a T4 runs notebooks 01-09 and skips the
+language-model arms, which come last, with that reason; name them to run them alone (``bash
+benchmarks/gpu_suite.sh 10_language_models 01_mixed_precision-lm``). The budget counts the seconds spent and the
+estimates are a T4's, so a faster GPU (an A100, an H200) reaches the last parts within it.
 
 At ``ci`` the same parts run on the CPU in seconds (``tests/test_bench.py``): a smoke test of every part.
 """
@@ -57,17 +69,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..config import RunConfig, baseline
+from ..config import RunConfig
 from ..display import text_table
 from ..env import env_report, profile
 from ..errors import ConfigError
-from ..labs import distributed, lora
 from ..results import write_reference
 from ..validate import is_number
 from . import parts
-from .common import Part, profile_env, provenance, reference_path, write_part
+from .common import SUITE_STEPS, Part, profile_env, provenance, reference_path, write_part
+from .suite_workloads import Workload, suite_workloads
 
-SUITE_STEPS = 40
 DEFAULT_BUDGET_S = 450.0  # 7.5 minutes: the 8-minute target less Python's start-up and the final summary
 PART_LIMIT_FACTOR = 3.0  # a part is stopped at this many times its estimate (a hang must not take the rest)
 MIN_PART_LIMIT_S = 60.0
@@ -80,7 +91,7 @@ class SuitePart:
     notebook: str
     name: str
     run: Callable[..., Part]
-    workloads: tuple[str, ...]  # keys of `workloads`: the cfgs ``run`` takes, in order
+    workloads: tuple[str, ...]  # keys of `suite_workloads`: the cfgs ``run`` takes, in order
     estimate_s: float  # seconds on one T4 at `full` (see the module docstring)
     measures: str
 
@@ -113,9 +124,18 @@ GPU_SUITE = (
     SuitePart("07_distributed", "dp-vs-ddp", parts.dp_vs_ddp_07, ("ddp",), 45,
               "DataParallel against DDP over NCCL (2+ GPUs; one GPU: not run)"),
     SuitePart("08_lora", "qlora", parts.qlora_08, ("lm",), 20,
-              "LoRA on an NF4 base against a 16-bit base: memory and step time (2 runs of 20 steps)"),
+              "LoRA on an NF4 base against a 16-bit base: memory and step time (2 runs of 12 steps)"),
     SuitePart("09_recipe", "profiler", parts.profiler_09, ("cnn",), 15,
               "one step under torch.profiler with CUDA activity, fp32 and 16 bits"),
+    # the language-model arms, last: over a T4's budget (the module docstring)
+    SuitePart("01_mixed_precision", "lm", parts.lm_01, ("lm_speed",), 15,
+              "fp32 against fp16 + GradScaler (and bf16 where native) on the language model (2-3 runs)"),
+    SuitePart("10_language_models", "attention", parts.attention_10, ("lm_speed",), 55,
+              "eager attention against SDPA: activations and step time at 3 lengths (6 runs, fp32)"),
+    SuitePart("10_language_models", "optimizers", parts.optimizers_10, ("lm_speed",), 20,
+              "AdamW's step alone: for-loop, foreach and fused kernels (4 models built, 40 rounds)"),
+    SuitePart("10_language_models", "ladder", parts.ladder_10, ("lm_speed",), 160,
+              "the speed ladder: 16 bits, SDPA, packing, fused AdamW, compile, checkpointing + chunked loss (7 runs)"),
 )
 SUITES = {"gpu": GPU_SUITE}
 
@@ -126,30 +146,6 @@ class PartTimeout(BaseException):  # noqa: N818 - a BaseException, so that a lab
 
 class SuiteStopped(BaseException):  # noqa: N818
     """The process was asked to stop (SIGTERM, e.g. from ``timeout``)."""
-
-
-def _capped(cfg: RunConfig, steps: int) -> RunConfig:
-    return cfg.replace(max_steps=min(cfg.max_steps or steps, steps))
-
-
-def workloads(prof, cfg: RunConfig | None = None) -> dict[str, Callable[[], RunConfig]]:
-    """The suite's fine-tunes by key (``cnn``, ``vit``, ``ddp``, ``lm``), as functions that build each one.
-
-    Each is built when a part first asks for it (`_memoized`), so a failure fails only the parts that need it.
-
-    Args:
-        prof: the profile.
-        cfg: a CNN run to use instead of the profile's (tests pass a tiny one).
-    """
-    steps = SUITE_STEPS
-
-    def vit() -> RunConfig:
-        return _capped(cfg.replace(model="tiny_vit", image_size=None) if cfg else
-                       baseline(prof, model="tiny_vit", image_size=None), steps)
-
-    return {"cnn": lambda: _capped(cfg or baseline(prof), steps), "vit": vit,
-            "ddp": lambda: vit() if cfg else _capped(distributed.workload(prof), steps),
-            "lm": lambda: _capped(lora.workload(prof), steps)}
 
 
 @contextlib.contextmanager
@@ -251,30 +247,63 @@ class SuiteReport:
 SUMMARY_COLUMNS = ("part", "seconds", "status", "file", "reason")
 
 
-def _row(part: SuitePart, status: str, seconds: float = 0.0, file=None, reason=None, row_errors=0) -> dict:
+def _row(part: SuitePart, status: str, seconds: float = 0.0, file=None, reason=None, row_errors=0,
+         labels: dict | None = None) -> dict:
+    labels = labels or {}
+    fallbacks = [label["fallback"] for label in labels.values() if label["fallback"]]
     return {"part": part.label, "notebook": part.notebook, "seconds": round(seconds, 2), "status": status,
             "file": Path(file).name if file else None, "reason": reason, "row_errors": row_errors,
-            "estimate_s": part.estimate_s, "measures": part.measures}
+            "estimate_s": part.estimate_s, "measures": part.measures,
+            "workload": " | ".join(label["workload"] for label in labels.values()) or None,
+            "fallback": " | ".join(fallbacks) or None}
 
 
-def _run_part(part: SuitePart, built: dict, out_dir, env: dict, limit_s: float) -> tuple[str, Path | None, str | None,
-                                                                                         int, str | None]:
-    """Run one part under its time limit: (status, file, reason, failed rows, traceback)."""
+def workload_extras(labels: dict) -> dict:
+    """What a part's file says it ran on: ``workload`` (key -> `describe`'s line) and ``fallback`` (key -> why it is
+    a stand-in and what holds; None when none is).
+
+    Args:
+        labels: workload key -> `Workload.label`.
+
+    Example:
+        >>> workload_extras({"cnn": Workload(RunConfig()).label()})
+        {'workload': {'cnn': 'small_cnn (pretrained) on shapes10 at its own size, batch 64'}, 'fallback': None}
+    """
+    fallbacks = {key: label["fallback"] for key, label in labels.items() if label["fallback"]}
+    return {"workload": {key: label["workload"] for key, label in labels.items()}, "fallback": fallbacks or None}
+
+
+@dataclasses.dataclass
+class _Outcome:
+    status: str
+    path: Path | None = None
+    reason: str | None = None
+    failed_rows: int = 0
+    trace: str | None = None
+    labels: dict = dataclasses.field(default_factory=dict)  # workload key -> `Workload.label`
+
+
+def _run_part(part: SuitePart, built: dict, out_dir, env: dict, limit_s: float) -> _Outcome:
+    """Run one part under its time limit, its workloads' labels in its file."""
+    labels = {}
     try:
         with _time_limit(limit_s):
-            cfgs = [built[key]() for key in part.workloads]
-            result = part.run(*cfgs)
+            loads: list[Workload] = [built[key]() for key in part.workloads]
+            labels = {key: load.label() for key, load in zip(part.workloads, loads, strict=True)}
+            result = part.run(*(load.cfg for load in loads))
         if result.not_run:
-            return "not run", None, result.not_run, 0, None
+            return _Outcome("not run", reason=result.not_run, labels=labels)
         errors = _row_errors(result)
         # outside the limit, so that a file is written whole; named as the suite names the part
-        path = write_part(dataclasses.replace(result, name=part.name), part.notebook, out_dir, env)
+        labelled = dataclasses.replace(result, name=part.name, extras={**result.extras, **workload_extras(labels)})
+        path = write_part(labelled, part.notebook, out_dir, env)
         reason = f"{len(errors)} run(s) or row(s) failed, first: {errors[0]}" if errors else None
-        return "ok", path, reason, len(errors), None
+        return _Outcome("ok", path, reason, len(errors), labels=labels)
     except PartTimeout as exc:
-        return "timed out", None, str(exc), 0, traceback.format_exc(limit=-8)
+        return _Outcome("timed out", reason=str(exc), trace=traceback.format_exc(limit=-8), labels=labels)
     except Exception as exc:  # noqa: BLE001 - one part's failure is recorded, the others go on
-        return "failed", None, f"{type(exc).__name__}: {exc}", 0, traceback.format_exc(limit=-8)
+        return _Outcome("failed", reason=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc(limit=-8),
+                        labels=labels)
     finally:
         _free_memory()
 
@@ -311,8 +340,10 @@ def run_suite(suite: str = "gpu", out_dir: Path | None = None, profile_name: str
         prof = profile()
         env = env_report(cfg.device if cfg else "auto")
         summary_path = reference_path(out_dir, f"{suite}_suite", "summary", env)
-        built = {key: _memoized(make) for key, make in workloads(prof, cfg).items()}
-        extras = {"suite": suite, "budget_s": budget_s, "suite_steps": SUITE_STEPS, "errors": errors}
+        built = {key: _memoized(make) for key, make in suite_workloads(prof, cfg).items()}
+        workload_labels = {}  # key -> `Workload.label`, of each workload a part has built
+        extras = {"suite": suite, "budget_s": budget_s, "suite_steps": SUITE_STEPS, "errors": errors,
+                  "workloads": workload_labels}
         echo(f"labkit bench --suite {suite}: {len(chosen)} parts at {prof.name} on {env.get('gpu') or 'the CPU'} "
              f"(capability {env.get('capability')}, torch {env.get('torch')}, CUDA {torch.version.cuda}), "
              f"budget {budget_s:.0f} s")
@@ -331,32 +362,35 @@ def run_suite(suite: str = "gpu", out_dir: Path | None = None, profile_name: str
                 rows.append(_row(part, "running"))
                 _write_summary(rows, summary_path, env, extras)  # a process killed meanwhile leaves "running" here
                 part_start = time.perf_counter()
-                status, path, reason, failed_rows, trace = _run_part(part, built, out_dir, env, limit_s)
-                rows[-1] = _row(part, status, time.perf_counter() - part_start, path, reason, failed_rows)
-                if trace:
-                    errors[part.label] = trace
+                done = _run_part(part, built, out_dir, env, limit_s)
+                rows[-1] = _row(part, done.status, time.perf_counter() - part_start, done.path, done.reason,
+                                done.failed_rows, done.labels)
+                workload_labels.update(done.labels)
+                if done.trace:
+                    errors[part.label] = done.trace
                 _write_summary(rows, summary_path, env, extras)
-                echo(f"{head}: {status} in {rows[-1]['seconds']:.1f} s" + (f" -> {path}" if path else "")
-                     + (f" ({reason})" if reason else ""))
+                tail = (f" -> {done.path}" if done.path else "") + (f" ({done.reason})" if done.reason else "")
+                echo(f"{head}: {done.status} in {rows[-1]['seconds']:.1f} s{tail}"
+                     + (" [a stand-in workload: its file's fallback says which]" if rows[-1]["fallback"] else ""))
         except (KeyboardInterrupt, SuiteStopped) as exc:
             if rows and rows[-1]["status"] == "running":
                 rows[-1].update(status="interrupted", reason=str(exc) or type(exc).__name__)
             rows += [_row(p, "not run", reason="the suite was interrupted before it") for p in chosen[len(rows):]]
             _write_summary(rows, summary_path, env, extras)
-            echo(_summary_text(rows, started, summary_path))
+            echo(_summary_text(rows, started, summary_path, workload_labels))
             if isinstance(exc, SuiteStopped):
                 raise SystemExit(128 + signal.SIGTERM) from exc  # the exit status a shell gives a SIGTERM
             raise
         _write_summary(rows, summary_path, env, extras)
-    echo(_summary_text(rows, started, summary_path))
+    echo(_summary_text(rows, started, summary_path, workload_labels))
     return SuiteReport(rows, summary_path)
 
 
-def _memoized(make: Callable[[], RunConfig]) -> Callable[[], RunConfig]:
+def _memoized(make: Callable[[], Workload]) -> Callable[[], Workload]:
     """``make`` called once; a failure is raised again, to every part that asks."""
     done: list = []
 
-    def get() -> RunConfig:
+    def get() -> Workload:
         if not done:
             try:
                 done.append((make(), None))
@@ -370,11 +404,14 @@ def _memoized(make: Callable[[], RunConfig]) -> Callable[[], RunConfig]:
     return get
 
 
-def _summary_text(rows: list[dict], started: float, summary_path: Path) -> str:
-    """The table printed at the end: part, seconds, status, file (its name), and why where it did not run."""
+def _summary_text(rows: list[dict], started: float, summary_path: Path, labels: dict) -> str:
+    """The table printed at the end: part, seconds, status, file (its name), and why where it did not run; then each
+    stand-in workload (``labels``: key -> `Workload.label`) and what of its numbers holds."""
+    stand_ins = [label["fallback"] for label in labels.values() if label["fallback"]]
     frame = pd.DataFrame(rows, columns=list(_row(GPU_SUITE[0], "").keys()))[list(SUMMARY_COLUMNS)]
     frame["file"] = frame["file"].map(lambda f: Path(f).name if isinstance(f, str) else "-")
     frame["reason"] = frame["reason"].map(lambda r: (r[:77] + "...") if isinstance(r, str) and len(r) > 80 else r)
     counts = collections.Counter(frame.status)  # in the order the statuses first occur
     return (f"\n{text_table(frame.fillna('-'))}\n{len(rows)} parts in {time.perf_counter() - started:.0f} s: "
-            f"{', '.join(f'{n} {s}' for s, n in counts.items())}. Summary: {summary_path}")
+            f"{', '.join(f'{n} {s}' for s, n in counts.items())}. Summary: {summary_path}"
+            + "".join(f"\nSTAND-IN: {line}" for line in stand_ins))
