@@ -100,11 +100,12 @@ PROFILES = {
 # `full`'s code path on a CPU, for `make test`'s full-shapes part (``LABKIT_PROFILE=full LABKIT_SHRINK=1``): every
 # branch `full` takes (its models, its LoRA ranks and sweeps, QLoRA on a hub model) with the models shrunk but keeping
 # their architecture (`labkit.models.hub.shrunk_shape`: a couple of decoder layers, tied embeddings, GQA, biases;
-# `labkit.models.architectures.shrunk_resnet`: the BatchNorm ResNet-18 at half its width, on 48x48 inputs),
-# random weights, generated data instead of CIFAR-10 (offline), `ci`'s sizes and half its steps.
-FULL_SHRUNK = Profile("full", train_size=512, val_size=128, test_size=128, max_steps=8, warmup_steps=1, repeats=3,
-                      batch_sizes=(8, 16, 32, 64), sweep_epochs=1, emulated_steps=8, latency_batch=16,
-                      model="resnet18", dataset="shapes10", image_size=48, batch_size=32, shrunk=True)
+# `labkit.models.architectures.shrunk_resnet`: the BatchNorm ResNet-18 at half its width, on 40x40 inputs),
+# random weights, generated data instead of CIFAR-10 (offline), `ci`'s training data and fewer steps: a run is its
+# warm-up step, the two profiling steps and three timed ones (it checks code paths, not how well a model learns).
+FULL_SHRUNK = Profile("full", train_size=512, val_size=64, test_size=64, max_steps=6, warmup_steps=1, repeats=3,
+                      batch_sizes=(8, 16, 32, 64), sweep_epochs=1, emulated_steps=6, latency_batch=8,
+                      model="resnet18", dataset="shapes10", image_size=40, batch_size=16, shrunk=True)
 
 
 def shrink_requested() -> bool:
