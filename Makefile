@@ -4,6 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The torch build the lab is tested with. On Colab/Kaggle the notebooks never reinstall torch.
 TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
+# torch 2.14 from PyPI is built with CUDA 13.0, which needs an NVIDIA driver of the R580 series or newer (and has no
+# Volta kernels). With an older driver on this machine (nvidia-smi says which), take PyTorch's CUDA 12.8 build instead.
+NVIDIA_DRIVER := $(shell nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+TORCH_INDEX ?= $(if $(NVIDIA_DRIVER),$(if $(shell [ "$(firstword $(subst ., ,$(NVIDIA_DRIVER)))" -lt 580 ] && echo old),\
+	--index-url https://download.pytorch.org/whl/cu128))
 LAB_ARGS ?=
 # torch is installed with --no-compile: byte-compiling its and the CUDA wheels' thousands of files took a core for
 # about 60 of the setup's 230 s; Python compiles only what a run imports, once, and keeps it (so the lab and the
@@ -21,7 +26,7 @@ LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 $(BIN)/.labkit-installed: pyproject.toml scripts/jupyterlab-overrides.json
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-compile $(TORCH_PIN)
+	$(BIN)/python -m pip install -q --no-compile $(TORCH_INDEX) $(TORCH_PIN)
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	mkdir -p $(dir $(LAB_OVERRIDES)) && cp scripts/jupyterlab-overrides.json $(LAB_OVERRIDES)
 	touch $@

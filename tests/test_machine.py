@@ -224,3 +224,12 @@ def test_notebook_07_on_cpu_processes_at_full_avoids_batchnorm(monkeypatch, caps
         cfg = lab07.workload(labkit.profile("full"))
     assert cfg.model == lab07.VIT and cfg.dataset == "shapes10"
     assert "BatchNorm's statistics stay per rank" in " ".join(capsys.readouterr().out.split())
+
+
+def test_described_gpus_have_the_kernels_the_installed_pypi_wheel_has():
+    # torch 2.14.1 from PyPI is the CUDA 13.0 build: sm_75 to sm_120, no Volta, no PTX
+    flags = getattr(torch._C, "_cuda_getArchFlags", lambda: "")()
+    if not (torch.version.cuda or "").startswith("13.") or not flags:
+        pytest.skip("not a CUDA 13 build of torch")
+    assert tuple(flags.split()) == machine.NEW_ARCHS
+    assert machine.arch_problem((7, 0), machine.NEW_ARCHS, "Tesla V100", "2.14.1") is not None  # Volta: none

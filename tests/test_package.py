@@ -1,7 +1,11 @@
 import ast
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import labkit
 from labkit import capacity
@@ -58,3 +62,25 @@ def test_the_function_level_import_check_finds_one(tmp_path):
     module = tmp_path / "mod.py"
     module.write_text("import torch\n\n\ndef f():\n    from . import train\n    import labkit.data\n    return train\n")
     assert _function_level_labkit_imports(module, tmp_path) == ["mod.py:5", "mod.py:6"]
+
+
+def _torch_install_line(tmp_path, driver: str | None) -> str:
+    """The torch line `make install` would run on a machine whose nvidia-smi reports ``driver`` (None: no GPU)."""
+    path = [str(tmp_path)] + [p for p in os.environ["PATH"].split(os.pathsep) if not Path(p, "nvidia-smi").exists()]
+    if driver is not None:
+        (tmp_path / "nvidia-smi").write_text(f"#!/bin/sh\necho {driver}\n")
+        (tmp_path / "nvidia-smi").chmod(0o755)
+    make = shutil.which("make")
+    done = subprocess.run([make, "-n", "-B", ".venv/bin/.labkit-installed"], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1], env={**os.environ, "PATH": os.pathsep.join(path)})
+    return next(line for line in done.stdout.splitlines() if "torch==" in line)
+
+
+def test_make_takes_the_cuda_12_8_torch_where_the_driver_is_older_than_r580(tmp_path):
+    # torch 2.14 from PyPI is the CUDA 13.0 build: on a driver before R580 it would see no GPU
+    if not shutil.which("make"):
+        pytest.skip("no make here")
+    for name, driver, old in (("old", "535.104.05", True), ("new", "580.159.03", False), ("none", None, False)):
+        (tmp_path / name).mkdir()
+        line = _torch_install_line(tmp_path / name, driver)
+        assert ("--index-url https://download.pytorch.org/whl/cu128" in line) is old, (driver, line)

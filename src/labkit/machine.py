@@ -130,10 +130,10 @@ class Machine:
         return f"a CPU with {self.cpu_cores} core(s), {bf16}{unusable}"
 
 
-# The installed torch's kernels as CUDA 12.x wheels of torch 2.7 and later ship them (no sm_60), and an older
-# build (torch 2.5 cu121) that still had them: a P100 (Kaggle's GPU until 2026, when "GPU T4 x2" became its only
-# one) runs only with the second.
-NEW_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120")
+# The installed torch's kernels as today's PyPI wheels ship them (CUDA 13.0: no sm_60, no sm_70, no PTX; read from
+# torch 2.14.1+cu130 and 2.11.0+cu130 here), and an older build (torch 2.5 cu121) that still had sm_60: a P100
+# (Kaggle's GPU until 2026, when "GPU T4 x2" became its only one) runs only with the second.
+NEW_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")  # PyPI's CUDA 13.0 wheels (torch 2.11, 2.14)
 OLD_ARCHS = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "compute_90")
 
 # A T4 as torch sees it: the 16 GB card's total_memory is 14.56-14.75 GiB once the driver and ECC take theirs (OOM
