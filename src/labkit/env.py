@@ -17,7 +17,7 @@ import os
 import platform as _platform
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -108,9 +108,18 @@ FULL_SHRUNK = Profile("full", train_size=512, val_size=64, test_size=64, max_ste
                       model="resnet18", dataset="shapes10", image_size=40, batch_size=16, shrunk=True)
 
 
+# `scripts/estimate_full.py`'s plan (``LABKIT_SHRINK=plan``): full's sizes and steps with the shrunk models, the
+# generated data at full's image size in place of CIFAR-10; its ledger records each run and cuts it short.
+FULL_PLAN = replace(PROFILES["full"], dataset="shapes10", shrunk=True)
+
+
 def shrink_requested() -> bool:
-    """True when ``$LABKIT_SHRINK`` is ``1``, ``true`` or ``yes``: `full` runs its code path with CPU-sized models."""
-    return os.environ.get(SHRINK_ENV, "").strip().lower() in ("1", "true", "yes")
+    """True when ``$LABKIT_SHRINK`` is ``1``, ``true``, ``yes`` or ``plan``: `full`'s models are built CPU-sized."""
+    return os.environ.get(SHRINK_ENV, "").strip().lower() in ("1", "true", "yes", "plan")
+
+
+def _shrunk_full() -> Profile:
+    return FULL_PLAN if os.environ.get(SHRINK_ENV, "").strip().lower() == "plan" else FULL_SHRUNK
 
 
 def profile(name: str | None = None) -> Profile:
@@ -128,7 +137,7 @@ def profile(name: str | None = None) -> Profile:
         name = "full" if cuda_usable() else "quick"
     if name not in PROFILES:
         raise ConfigError(field, name, f"one of {sorted(PROFILES)}")
-    return FULL_SHRUNK if name == "full" and shrink_requested() else PROFILES[name]
+    return _shrunk_full() if name == "full" and shrink_requested() else PROFILES[name]
 
 
 def profile_of(run: dict | str | None) -> Profile | None:
@@ -144,7 +153,7 @@ def profile_of(run: dict | str | None) -> Profile | None:
     active = profile()
     if active.name == name and ("shrunk" not in report or bool(report["shrunk"]) == active.shrunk):
         return active
-    return FULL_SHRUNK if name == "full" and report.get("shrunk") else PROFILES[name]
+    return _shrunk_full() if name == "full" and report.get("shrunk") else PROFILES[name]
 
 
 def detect_platform() -> str:
