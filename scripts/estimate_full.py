@@ -39,7 +39,9 @@ def record(path: Path, data: str, ledger: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     setup = next(i for i, cell in enumerate(nb.cells) if "labkit.profile()" in cell.source)
     nb.cells.insert(setup, nbformat.v4.new_code_cell(HOOK))
-    env = {"LABKIT_PROFILE": "full", "LABKIT_SHRINK": "plan", "LABKIT_DATA_DIR": data, "LABKIT_OFFLINE": "1",
+    # a cache of its own, as on Colab, where each notebook opens in a fresh runtime: no run is reused from another
+    env = {"LABKIT_PROFILE": "full", "LABKIT_SHRINK": "plan", "LABKIT_DATA_DIR": str(Path(data) / path.stem),
+           "LABKIT_OFFLINE": "1",
            full_ledger.LEDGER_ENV: str(ledger), "TQDM_DISABLE": "1", "MPLBACKEND": "Agg"}
     os.environ.update(env)  # the kernel inherits this process's environment
     with tempfile.TemporaryDirectory() as cwd:
@@ -49,9 +51,11 @@ def record(path: Path, data: str, ledger: Path) -> float:
         client.execute()
     for name in env:
         os.environ.pop(name, None)
-    errors = [c for c in nb.cells if c.cell_type == "code" and any(o.get("output_type") == "error"
-                                                                  for o in c.get("outputs", []))]
+    errors = [(c.source.splitlines()[0], o) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
     print(f"{path.stem}: {len(errors)} cell(s) failed on the cut-short runs", flush=True)
+    for first, error in errors:  # a check on accuracy is expected to fail; anything else would skip counted work
+        print(f"    {first[:100]} -> {error['ename']}: {error['evalue'][:160]}", flush=True)
     return time.monotonic() - start
 
 
@@ -62,6 +66,7 @@ BASIS_07 = "its jobs on Kaggle's two T4s; estimated from its FLOPs: scripts/esti
 def parts(seconds: dict) -> str:
     """What the estimate is made of, for timings.json: the method and its parts in minutes."""
     method = full_ledger.METHOD.format(fp32=full_ledger.T4_SHARE["fp32"], fp16=full_ledger.T4_SHARE["fp16"],
+                                       op_us=full_ledger.OP_S * 1e6,
                                        run=full_ledger.RUN_OVERHEAD_S)
     found = [f"{seconds['runs']} runs: {seconds['train'] / 60:.1f} min of training steps"]
     if seconds["eval"]:

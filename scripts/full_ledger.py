@@ -35,9 +35,13 @@ STEPS_HERE = 3  # Trainer.step outside a run (timing demos): the steps that run 
 T4_PEAK = {"fp32": 8.1e12, "fp16": 65e12}
 T4_SHARE = {"fp32": 0.5, "fp16": 0.25}
 RUN_OVERHEAD_S = 5.0
+# A step is never faster than its kernels can be launched: in eager PyTorch each aten op costs the host about
+# 10 us (dispatch and launch), and the GPU waits when its kernels are shorter (small batches, small models).
+OP_S = 10e-6
 LAUNCH_OVERHEAD_S = 20.0  # torchrun, the imports and NCCL's rendezvous
 METHOD = ("FLOPs of every step at full's shapes (scripts/estimate_full.py) at {fp32:.0%} of a T4's fp32 peak and "
-          "{fp16:.0%} of its fp16 peak, {run:g} s a run, and CPU forwards at this CPU's matmul rate")
+          "{fp16:.0%} of its fp16 peak, a step never under {op_us:g} us an op, {run:g} s a run, and CPU forwards at "
+          "this CPU's matmul rate")
 
 
 def _append(event: dict) -> None:
@@ -89,12 +93,17 @@ def install() -> None:
     def recorded_step(self, *args, **kwargs):
         if in_run["depth"]:
             return step(self, *args, **kwargs)
+        batch = getattr(args[0], "input_ids", args[0]) if args else None
+        shape = tuple(getattr(batch, "shape", ()))
         _append({"kind": "steps", "config": self.cfg.to_dict(), "count": 1, "width": _width(self),
-                 "language": bool(self.language)})
-        taken = getattr(self, "_ledger_steps", [])
-        if len(taken) < STEPS_HERE:  # a timing demo's hundreds of steps: a few run here, the rest repeat the last loss
+                 "language": bool(self.language), "rows": shape[0] if shape else None})
+        # a timing demo's hundreds of steps: a few of each input shape run here, the rest repeat the last loss; a
+        # new shape (the batch-size search's probes) always runs, for the memory it measures
+        if not hasattr(self, "_ledger_steps"):
+            self._ledger_steps = {}
+        taken = self._ledger_steps.setdefault(shape, [])
+        if len(taken) < STEPS_HERE:
             taken.append(step(self, *args, **kwargs))
-            self._ledger_steps = taken
         return taken[-1]
 
     def recorded_eval(evaluate):
@@ -125,10 +134,31 @@ def install() -> None:
         return launch(cfg, nproc, *args, **kwargs)
 
     train.Trainer.run, train.Trainer.step = recorded_run, recorded_step
-    train.evaluate, train.evaluate_tokens = recorded_eval(train.evaluate), recorded_eval(train.evaluate_tokens)
-    evaluation.evaluate = recorded_eval(evaluation.evaluate)  # the labs' own (pruning's sensitivity scans, ...)
-    inference.latencies = recorded_latencies
-    jobs.launch = recorded_launch
+    # train's are evaluation's, imported by name; the labs call them too (pruning's sensitivity scans, ...)
+    assert train.evaluate is evaluation.evaluate and train.evaluate_tokens is evaluation.evaluate_tokens
+    _replace(evaluation.evaluate, recorded_eval(evaluation.evaluate))
+    _replace(evaluation.evaluate_tokens, recorded_eval(evaluation.evaluate_tokens))
+    _replace(latencies, recorded_latencies)
+    _replace(launch, recorded_launch)
+
+
+def _replace(original, wrapped) -> None:
+    """Put ``wrapped`` in place of ``original`` in every labkit module, where it was defined and where it was imported
+    by name (``from .jobs import launch``): every module is imported first, as a notebook would import it later."""
+    import importlib
+    import pkgutil
+    import sys
+
+    import labkit
+
+    for info in pkgutil.walk_packages(labkit.__path__, "labkit."):
+        if not info.name.endswith(("__main__", ".worker", ".cli")):
+            importlib.import_module(info.name)
+    for name, module in list(sys.modules.items()):
+        if name == "labkit" or name.startswith("labkit."):
+            for attribute, value in list(vars(module).items()):
+                if value is original:
+                    setattr(module, attribute, wrapped)
 
 
 def _model_name(model) -> str | None:
@@ -142,26 +172,61 @@ def _model_name(model) -> str | None:
 # --- the estimate -------------------------------------------------------------------------------------------------
 
 
+def _forward(model: str, width: int | None, image_size: int | None):
+    """A forward pass of one example of ``model`` at `full`'s real shape, built on the meta device (call it there)."""
+    import torch
+
+    from labkit import models
+
+    if model in models.HUB_MODELS or model in models.LANGUAGE_MODELS:
+        net = (models.build_hub_model(model, pretrained=False)[0] if model in models.HUB_MODELS
+               else models.build_language_model(model, 2048, pretrained=False)[0])
+        x = torch.zeros(1, width or 64, dtype=torch.long)
+        return lambda: net(input_ids=x)
+    net = models.build(model, 10, pretrained=False)[0]
+    size = image_size or 32
+    x = torch.zeros(1, 3, size, size)
+    return lambda: net(x)
+
+
 @functools.lru_cache(maxsize=64)
 def forward_flops(model: str, width: int | None, image_size: int | None) -> float:
     """FLOPs of one forward pass of one example of ``model`` at `full`'s real shape (the meta device: no compute)."""
     import torch
 
-    from labkit import measure, models
+    from labkit import measure
 
     with torch.device("meta"):
-        if model in models.HUB_MODELS or model in models.LANGUAGE_MODELS:
-            net = (models.build_hub_model(model, pretrained=False)[0] if model in models.HUB_MODELS
-                   else models.build_language_model(model, 2048, pretrained=False)[0])
-            x = torch.zeros(1, width or 64, dtype=torch.long)
-            return float(measure.count_flops(lambda: net(input_ids=x)))
-        net = models.build(model, 10, pretrained=False)[0]
-        size = image_size or 32
-        return float(measure.count_flops(lambda: net(torch.zeros(1, 3, size, size))))
+        return float(measure.count_flops(_forward(model, width, image_size)))
+
+
+@functools.lru_cache(maxsize=64)
+def forward_ops(model: str, width: int | None, image_size: int | None) -> int:
+    """The aten ops one forward pass of ``model`` dispatches (each a kernel launch or more on a GPU)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    with torch.device("meta"):
+        forward = _forward(model, width, image_size)
+        with Count():
+            forward()
+    return Count.ops
 
 
 def _precision_on_t4(config: dict) -> str:
-    """The rate a run's precision gets on a T4: ``auto`` and fp16 use its tensor cores; bf16 is emulated there."""
+    """The rate a run's precision gets on a T4: ``auto`` and fp16 use its tensor cores; bf16 is emulated there,
+    except in QLoRA's runs, whose precision follows the device (`qlora_dtypes`: bf16 on this CPU, fp16 on a T4)."""
+    from labkit.labs.lora import QLORA_MODELS
+
+    if config.get("precision") == "bf16" and config.get("model") == QLORA_MODELS["full"][0]:
+        return "fp16"
     return "fp16" if config.get("precision") in ("auto", "fp16") else "fp32"
 
 
@@ -174,6 +239,11 @@ def _step_factor(config: dict) -> float:
 
 def _gpu_seconds(flops: float, precision: str) -> float:
     return flops / (T4_PEAK[precision] * T4_SHARE[precision])
+
+
+def _step_seconds(flops: float, ops: float, precision: str) -> float:
+    """A step of ``flops`` and ``ops`` aten ops on a T4: its FLOPs at the stated share, or its launches if longer."""
+    return max(_gpu_seconds(flops, precision), ops * OP_S)
 
 
 def cpu_rate() -> float:
@@ -209,15 +279,17 @@ def estimate(ledger: Path, cpu_flops_per_s: float) -> dict:
             on_cpu = kind == "launch" and cfg.get("device") == "cpu"
             if kind == "launch" and not on_cpu:
                 cfg = {**cfg, **GPU_JOB_WORKLOAD}
-            per_example = forward_flops(cfg["model"], event.get("width") or cfg.get("seq_len"), cfg.get("image_size"))
+            shape = (cfg["model"], event.get("width") or cfg.get("seq_len"), cfg.get("image_size"))
             count = event.get("steps", event.get("count", 1))
-            flops = per_example * cfg["batch_size"] * count * _step_factor(cfg)
+            flops = forward_flops(*shape) * (event.get("rows") or cfg["batch_size"]) * _step_factor(cfg)  # a step's
+            ops = forward_ops(*shape) * _step_factor(cfg)
             if on_cpu:  # each process holds batch / nproc rows, on a core of its own
-                seconds["launch"] += flops / event["nproc"] / (0.5 * cpu_flops_per_s / 2) + LAUNCH_OVERHEAD_S
+                seconds["launch"] += count * flops / event["nproc"] / (0.5 * cpu_flops_per_s / 2) + LAUNCH_OVERHEAD_S
             elif kind == "launch":  # each of nproc GPUs holds batch / nproc rows
-                seconds["launch"] += _gpu_seconds(flops / event["nproc"], _precision_on_t4(cfg)) + LAUNCH_OVERHEAD_S
+                step = _step_seconds(flops / event["nproc"], ops, _precision_on_t4(cfg))
+                seconds["launch"] += count * step + LAUNCH_OVERHEAD_S
             else:
-                seconds["train"] += _gpu_seconds(flops, _precision_on_t4(cfg))
+                seconds["train"] += count * _step_seconds(flops, ops, _precision_on_t4(cfg))
                 seconds["runs"] += kind == "train"
         elif kind == "eval" and event["model"]:
             flops = forward_flops(event["model"], event.get("width"), event.get("image_size")) * event["rows"]

@@ -3,6 +3,7 @@ runs here with its runs cut short, and the T4 minutes it comes to (the notebooks
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 import labkit
 from labkit import env, evaluation, inference, train
-from labkit.labs.distributed import jobs
+from labkit.labs.distributed import data_parallel, jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("full_ledger", ROOT / "scripts" / "full_ledger.py")
@@ -29,14 +30,26 @@ def test_plan_mode_is_fulls_sizes_and_steps_with_shrunk_models(monkeypatch):
     assert plan.dataset == "shapes10"  # offline, in CIFAR-10's place
 
 
-def test_the_ledger_records_full_steps_and_cuts_the_run_short(tmp_path, monkeypatch):
-    for owner, name in ((train.Trainer, "run"), (train.Trainer, "step"), (train, "evaluate"),
-                        (train, "evaluate_tokens"), (evaluation, "evaluate"), (inference, "latencies"),
-                        (jobs, "launch")):
-        monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
+WRAPPED = (train.evaluate, train.evaluate_tokens, evaluation.evaluate, inference.latencies, jobs.launch)
+
+
+def _install(tmp_path, monkeypatch) -> Path:
+    """The ledger installed for one test (every wrapped name restored after it); returns the ledger's path."""
+    monkeypatch.setattr(train.Trainer, "run", train.Trainer.run)
+    monkeypatch.setattr(train.Trainer, "step", train.Trainer.step)
+    for module in [m for n, m in sys.modules.items() if n.startswith("labkit")]:
+        for attribute, value in list(vars(module).items()):
+            if any(value is f for f in WRAPPED):
+                monkeypatch.setattr(module, attribute, value)
     ledger = tmp_path / "ledger.jsonl"
     monkeypatch.setenv(full_ledger.LEDGER_ENV, str(ledger))
     full_ledger.install()
+    return ledger
+
+
+def test_the_ledger_records_full_steps_and_cuts_the_run_short(tmp_path, monkeypatch):
+    wrapped = WRAPPED
+    ledger = _install(tmp_path, monkeypatch)
     cfg = labkit.RunConfig(model="small_cnn", batch_size=16, max_steps=40, train_size=128, device="cpu")
     result = labkit.fit(cfg, progress=False)
     events = [json.loads(line) for line in ledger.read_text().splitlines()]
@@ -46,6 +59,22 @@ def test_the_ledger_records_full_steps_and_cuts_the_run_short(tmp_path, monkeypa
     assert scored == {"kind": "eval", "model": "small_cnn", "rows": labkit.profile().test_size, "width": None,
                           "image_size": None}
     assert train.total_steps(cfg, 8) == 40  # restored after the run
+    # imported by name (`from .jobs import launch`) is wrapped too: 07's labs launch through their own names
+    assert data_parallel.launch is jobs.launch and jobs.launch.__wrapped__ is wrapped[-1]
+
+
+def test_steps_outside_a_run_repeat_per_shape_and_a_new_shape_runs(tmp_path, monkeypatch):
+    ran = []
+    original = train.Trainer.step
+    monkeypatch.setattr(train.Trainer, "step", lambda self, *a, **k: ran.append(len(a[0])) or original(self, *a, **k))
+    ledger = _install(tmp_path, monkeypatch)
+    trainer = train.Trainer(labkit.RunConfig(model="small_cnn", batch_size=4, train_size=64, device="cpu"))
+    for rows in (4,) * 5 + (8,):  # a timing demo's repeated steps, then a batch-size probe at a new size
+        images = torch.randint(0, 256, (rows, 3, 32, 32), dtype=torch.uint8)
+        trainer.step(images, torch.randint(0, 10, (rows,)))
+    assert ran == [4] * full_ledger.STEPS_HERE + [8]  # the probe ran: its memory is measured, not repeated
+    events = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [e["rows"] for e in events] == [4] * 5 + [8]  # every step counted, at its own batch
 
 
 def test_the_estimate_is_the_stated_method(tmp_path):
@@ -68,6 +97,15 @@ def test_the_estimate_is_the_stated_method(tmp_path):
                                              + 2 * full_ledger.RUN_OVERHEAD_S)
 
 
+def test_qloras_runs_count_at_the_precision_a_t4_gives_them(tmp_path):
+    # QLoRA's precision follows the device (bf16 on this CPU); on a T4 qlora_dtypes picks fp16
+    with labkit.machine.described("t4"):
+        assert labkit.labs.lora.qlora_dtypes(torch.device("cuda"))[2] == "fp16"
+    qlora = {"model": labkit.labs.lora.QLORA_MODELS["full"][0], "precision": "bf16"}
+    assert full_ledger._precision_on_t4(qlora) == "fp16"
+    assert full_ledger._precision_on_t4({"model": "smollm2_135m", "precision": "bf16"}) == "fp32"  # emulated
+
+
 def test_a_hub_model_is_counted_at_its_real_shape(monkeypatch):
     monkeypatch.delenv("LABKIT_SHRINK", raising=False)
     pytest.importorskip("transformers")
@@ -76,3 +114,15 @@ def test_a_hub_model_is_counted_at_its_real_shape(monkeypatch):
     linear = shape.num_parameters() - shape.vocab_size * shape.hidden_size * (1 - shape.tie_word_embeddings)
     assert 2 * linear * 0.9 < per_token < 2 * linear * 1.3  # 2N a token, plus attention (torch.device('meta'))
     assert torch.zeros(1).device.type == "cpu"  # the meta device was only a context
+
+
+def test_a_small_step_costs_its_launches_not_its_flops(tmp_path):
+    # small_cnn, one row a step: microseconds of FLOPs, but every aten op is a launch on the host (OP_S)
+    ledger = tmp_path / "ledger.jsonl"
+    run = {"model": "small_cnn", "batch_size": 1, "image_size": 32, "precision": "fp32", "seq_len": None}
+    ledger.write_text(json.dumps({"kind": "train", "config": run, "steps": 1000, "width": None}))
+    seconds = full_ledger.estimate(ledger, cpu_flops_per_s=1e11)
+    ops = full_ledger.forward_ops("small_cnn", None, 32)
+    assert 20 < ops < 200  # convolutions, norms, activations, pooling, the head
+    assert seconds["train"] == pytest.approx(1000 * 3 * ops * full_ledger.OP_S)
+    assert seconds["train"] > 1000 * full_ledger.forward_flops("small_cnn", None, 32) * 3 / 4e12 * 10
