@@ -178,6 +178,11 @@ def test_merge_and_qlora_paths(tmp_path, monkeypatch):
 def test_qlora_config_picks_model_precision_and_optimizer_by_profile_and_device(monkeypatch):
     cfg = lab.qlora_config(small_cfg())
     assert (cfg.model, cfg.pretrained, cfg.precision, cfg.optimizer) == ("tiny_llama", True, "bf16", "adamw")
+    assert not cfg.evaluate  # the section compares memory and step time: its runs are not scored
+    monkeypatch.setenv("LABKIT_PROFILE", "full")
+    steps = lab.qlora_config(lab.workload()).max_steps  # a T4's QLoRA step of Qwen2.5-1.5B is about a second
+    assert labkit.profile().warmup_steps + labkit.train.PROFILING_STEPS + 2 <= steps <= 30
+    monkeypatch.delenv("LABKIT_PROFILE")
     assert lab.qlora_optimizer(torch.device("cpu")) == "adamw"
     monkeypatch.setattr(lab.qlora.quantization, "installed_version", lambda name: "0.50.2")
     assert lab.qlora_optimizer(torch.device("cuda")) == "paged_adamw8bit"  # paged 8-bit AdamW where CUDA pages
