@@ -209,7 +209,7 @@ display.table(after.ops, ["operator", "kind", "calls", "self_ms", "total_ms", "s
 # healthy config first:
 
 # %%
-print(labkit.doctor(cfg.replace(epochs=1, max_steps=P.max_steps)))
+print(labkit.doctor(lab.doctor_config(cfg)))  # one epoch of at most 100 steps
 
 # %% [markdown]
 # **Loss becomes NaN (or explodes).** SGD at learning rate 50: each step overshoots, the loss grows by orders of

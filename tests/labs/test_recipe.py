@@ -175,6 +175,11 @@ def test_reference_rows_give_amps_published_speedup_as_a_time_ratio():
 
 def test_broken_configs_and_the_panel(base):
     assert lab.broken(base, "nan_loss").lr == 50.0 and lab.broken(base, "pruning_memory").prune_amount == 0.5
+    with pytest.MonkeyPatch.context() as env:  # at full the doctor's runs stop at DOCTOR_STEPS (09 within 15 min)
+        env.setenv("LABKIT_PROFILE", "full")
+        assert lab.broken(base, "nan_loss").max_steps == lab.DOCTOR_STEPS < labkit.profile().max_steps
+        assert lab.doctor_config(base).epochs == 1
+    assert lab.broken(base, "nan_loss").max_steps == min(labkit.profile().max_steps, lab.DOCTOR_STEPS)
     with pytest.raises(ConfigError, match="symptom"):
         lab.broken(base, "slow")
     cfg = lab.panel_config(base)

@@ -9,7 +9,7 @@
 """
 
 from .language import LM_RECIPE_PATH, lm_recipe_finding, lm_stages
-from .panel import BROKEN, HANG, RecipeRun, broken, panel_config, panel_run
+from .panel import BROKEN, DOCTOR_STEPS, HANG, RecipeRun, broken, doctor_config, panel_config, panel_run
 from .profiler import (
     CASTS,
     OP_KINDS,
@@ -53,9 +53,11 @@ from .summary import SUMMARY_COLUMNS, Technique, cached_runs, reference_rows, su
 
 __all__ = [
     "LM_RECIPE_PATH", "lm_recipe_finding", "lm_stages", "stage_rows",
-    "ALONE", "BROKEN", "CASTS", "GIVEN", "HANG", "MEASURED", "OP_KINDS", "OWN_STACK", "PROFILE_TOP", "RECIPE_PATH",
+    "ALONE", "BROKEN", "CASTS", "DOCTOR_STEPS", "GIVEN", "HANG", "MEASURED", "OP_KINDS", "OWN_STACK", "PROFILE_TOP",
+    "RECIPE_PATH",
     "STAGE_COLUMNS", "SUMMARY_COLUMNS", "ProfiledStep", "Recipe", "RecipeRun", "Stage", "Technique", "broken",
-    "cached_runs", "changes_nothing", "kinds_frame", "kinds_table", "measured_order", "op_kind", "operator_rows",
+    "cached_runs", "changes_nothing", "doctor_config", "kinds_frame", "kinds_table", "measured_order", "op_kind",
+    "operator_rows",
     "order_finding",
     "own_stack_numbers", "panel_config", "panel_run", "profile_finding", "profile_pair", "profile_step",
     "profiler_precision", "quiet_native_output", "recipe_finding", "recipe_stages", "reference_rows",

@@ -20,10 +20,22 @@ BROKEN = {  # symptom -> RunConfig changes that produce it on the workload
     "distributed_hang": {},
 }
 HANG = {"nproc": 2, "fail_rank": 1, "fail_step": 2, "fail_how": "hang", "timeout_s": 3}  # the hang's launch
+# The doctor's runs train this many steps at most: each symptom shows within them, and at full the nan_loss probe's
+# five 300-step runs took 09 past 15 minutes on a T4 (scripts/estimate_full.py).
+DOCTOR_STEPS = 100
+
+
+def doctor_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` for one epoch of at most `DOCTOR_STEPS` (the profile's step budget, if smaller): the doctor's run.
+
+    Args:
+        cfg: the workload.
+    """
+    return cfg.replace(epochs=1, max_steps=min(profile().max_steps, DOCTOR_STEPS))
 
 
 def broken(cfg: RunConfig, symptom: str) -> RunConfig:
-    """``cfg`` with the changes that produce ``symptom`` (`BROKEN`), trained for the profile's step budget.
+    """``cfg`` with the changes that produce ``symptom`` (`BROKEN`), as `doctor_config` trains it.
 
     Args:
         cfg: the workload. symptom: a key of `BROKEN`.
@@ -33,7 +45,7 @@ def broken(cfg: RunConfig, symptom: str) -> RunConfig:
     """
     if symptom not in BROKEN:
         raise ConfigError("symptom", symptom, f"one of {list(BROKEN)}")
-    return cfg.replace(epochs=1, max_steps=profile().max_steps, **BROKEN[symptom])
+    return doctor_config(cfg).replace(**BROKEN[symptom])
 
 
 @dataclass
