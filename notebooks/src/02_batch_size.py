@@ -2,8 +2,8 @@
 # # Batch size: time, memory, accuracy, and the largest batch that fits
 #
 # The batch size is the first knob anyone turns, and folklore about it is everywhere. This notebook tests four
-# popular claims on your hardware, then gets a large batch's gradient without its memory, finds the largest
-# batch that fits, and predicts memory before you run out.
+# popular claims on your hardware, gets a large batch's gradient without its memory, finds the largest batch
+# that fits, and predicts memory.
 #
 # **You will learn**
 # 1. how epoch time, throughput, inference time, peak memory and accuracy change with the batch size;
