@@ -37,7 +37,7 @@ part                  s    what costs
 05 levels             55   5 runs, the frozen ones faster
 06 methods            70   tiny_vit fine-tune; 8 methods x 2 models built, timed, scored
 07 dp-vs-ddp          45   2+ GPUs only: torchrun start-up, DDP and DataParallel runs
-08 qlora              20   Qwen2.5-1.5B (08's QLoRA model), 2 runs of 12 steps
+08 qlora              20   Qwen2.5-1.5B (08's QLoRA model), 2 runs of 9 steps
 09 profiler           15   2 x (2 warm-up steps + 1 profiled step, a trace)
 01 lm                 15   2 runs at 4 x 128 tokens: fp32 2 s, fp16 0.5 s (bf16 too where native)
 10 attention          55   6 runs at 2 x 128/256/512 tokens, fp32: 0.08-0.33 s a step, eager 1.2x
@@ -124,7 +124,7 @@ GPU_SUITE = (
     SuitePart("07_distributed", "dp-vs-ddp", parts.dp_vs_ddp_07, ("ddp",), 45,
               "DataParallel against DDP over NCCL (2+ GPUs; one GPU: not run)"),
     SuitePart("08_lora", "qlora", parts.qlora_08, ("lm",), 20,
-              "LoRA on an NF4 base against a 16-bit base: memory and step time (2 runs of 12 steps)"),
+              "LoRA on an NF4 base against a 16-bit base: memory and step time (2 runs of 9 steps)"),
     SuitePart("09_recipe", "profiler", parts.profiler_09, ("cnn",), 15,
               "one step under torch.profiler with CUDA activity, fp32 and 16 bits"),
     # the language-model arms, last: over a T4's budget (the module docstring)
