@@ -29,6 +29,7 @@ TIMINGS = ROOT / "notebooks" / "src" / "timings.json"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import full_ledger  # noqa: E402 - beside this script
+from time_notebooks import notebooks_named  # noqa: E402
 
 CELL_TIMEOUT_S = 3600
 HOOK = f"import sys\nsys.path.insert(0, {str(ROOT / 'scripts')!r})\nimport full_ledger\nfull_ledger.install()"
@@ -87,8 +88,7 @@ def main(names: list[str]) -> int:
             return 2
         ledgers, names = Path(names[1]), names[2:]
     timings = json.loads(TIMINGS.read_text())
-    chosen = [p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-              if not names or p.stem in names or p.stem[:2] in names]
+    chosen = notebooks_named(names)
     if not chosen:
         print(f"no notebook matches {names}", file=sys.stderr)
         return 2

@@ -50,10 +50,15 @@ def run(path: Path, data: str) -> float:
         return time.monotonic() - start
 
 
+def notebooks_named(names: list[str]) -> list[Path]:
+    """The built notebooks named by stem or number (``08_lora`` or ``08``), in order; every one for no names."""
+    return [p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+            if not names or p.stem in names or p.stem[:2] in names]
+
+
 def main(names: list[str]) -> int:
     timings = json.loads(TIMINGS.read_text())
-    chosen = [p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-              if not names or p.stem in names or p.stem[:2] in names]
+    chosen = notebooks_named(names)
     if not chosen:
         print(f"no notebook matches {names}", file=sys.stderr)
         return 2
