@@ -78,7 +78,7 @@ def install() -> None:
     def recorded_run(self, *args, **kwargs):
         planned = total_steps(self.cfg, len(self.loader))
         _append({"kind": "train", "config": self.cfg.to_dict(), "steps": planned, "width": _width(self),
-                 "language": bool(self.language), "world_size": getattr(self, "world_size", 1)})
+                 "language": self.kind.name == "language", "world_size": getattr(self, "world_size", 1)})
         # here: no warm-up, the two profiling steps and one timed step
         self.profile = dataclasses.replace(self.profile, warmup_steps=0)
         train.total_steps = lambda cfg, batches: min(total_steps(cfg, batches), train.PROFILING_STEPS + 1)
@@ -96,7 +96,7 @@ def install() -> None:
         batch = getattr(args[0], "input_ids", args[0]) if args else None
         shape = tuple(getattr(batch, "shape", ()))
         _append({"kind": "steps", "config": self.cfg.to_dict(), "count": 1, "width": _width(self),
-                 "language": bool(self.language), "rows": shape[0] if shape else None})
+                 "language": self.kind.name == "language", "rows": shape[0] if shape else None})
         # a timing demo's hundreds of steps: a few of each input shape run here, the rest repeat the last loss; a
         # new shape (the batch-size search's probes) always runs, for the memory it measures
         if not hasattr(self, "_ledger_steps"):
@@ -134,8 +134,7 @@ def install() -> None:
         return launch(cfg, nproc, *args, **kwargs)
 
     train.Trainer.run, train.Trainer.step = recorded_run, recorded_step
-    # train's are evaluation's, imported by name; the labs call them too (pruning's sensitivity scans, ...)
-    assert train.evaluate is evaluation.evaluate and train.evaluate_tokens is evaluation.evaluate_tokens
+    # imported by name by the kinds (`labkit.kinds`) and the labs (pruning's sensitivity scans, ...): every copy
     _replace(evaluation.evaluate, recorded_eval(evaluation.evaluate))
     _replace(evaluation.evaluate_tokens, recorded_eval(evaluation.evaluate_tokens))
     _replace(latencies, recorded_latencies)

@@ -14,13 +14,14 @@ import pandas as pd
 import pytest
 
 import labkit
-from labkit import cli, downloads, results, train_lm
+from labkit import cli, downloads, results
 from labkit.bench import GPU_SUITE, SuitePart, Workload, run_bench, run_suite, suite, suite_vision_workload
 from labkit.bench import parts as bench_parts
 from labkit.bench import suite_workloads as bench_workloads
 from labkit.bench.common import Part
 from labkit.env import PROFILES, SHRINK_ENV
 from labkit.errors import ConfigError
+from labkit.kinds import language as train_lm
 from labkit.labs import lora, quantization
 
 

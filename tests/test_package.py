@@ -84,3 +84,14 @@ def test_make_takes_the_cuda_12_8_torch_where_the_driver_is_older_than_r580(tmp_
         (tmp_path / name).mkdir()
         line = _torch_install_line(tmp_path / name, driver)
         assert ("--index-url https://download.pytorch.org/whl/cu128" in line) is old, (driver, line)
+
+
+def test_no_module_over_500_lines_and_no_loop_function_over_40():
+    package = Path(labkit.__file__).parent
+    long_modules = {str(p.relative_to(package)): n for p in package.rglob("*.py")
+                    if (n := len(p.read_text().splitlines())) > 500}
+    assert not long_modules, f"modules over 500 lines (DESIGN.md): {long_modules}"
+    loop = ast.parse((package / "train.py").read_text())
+    long_functions = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(loop)
+                      if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 40}
+    assert not long_functions, f"train.py functions over 40 lines: {long_functions}"

@@ -8,6 +8,7 @@ import torch
 
 import labkit
 from labkit import train
+from labkit.kinds import vision
 from labkit.errors import ConfigError, NonFiniteLossError
 from labkit.result import MEMORY_CATEGORIES
 
@@ -83,7 +84,7 @@ def test_bf16_and_grad_accum_and_clip_run(tiny_cfg):
 
 
 def test_non_finite_loss_stops_and_names_the_step(tiny_cfg, monkeypatch):
-    real = train.F.cross_entropy
+    real = vision.F.cross_entropy
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -91,7 +92,7 @@ def test_non_finite_loss_stops_and_names_the_step(tiny_cfg, monkeypatch):
         loss = real(*args, **kwargs)
         return loss * float("nan") if calls["n"] == 5 else loss
 
-    monkeypatch.setattr(train.F, "cross_entropy", poisoned)
+    monkeypatch.setattr(vision.F, "cross_entropy", poisoned)
     with pytest.raises(NonFiniteLossError, match=r"the loss became nan at step 5 .*lower the learning rate"):
         labkit.fit(tiny_cfg)
 

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import labkit
-from labkit import cli, models, text, train_lm
+from labkit import cli, models, text
+from labkit.kinds import language as train_lm
 from labkit.techniques.token_loss import forward_inputs, micro_batch_loss, split_rows, token_loss_sum
 from labkit.train import Trainer
 

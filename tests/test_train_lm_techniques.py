@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import train_lm
+from labkit.kinds import language as train_lm
 
 pytest.importorskip("transformers")
 

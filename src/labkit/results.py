@@ -33,11 +33,12 @@ from .data import cache_dir
 from .env import env_report, hardware_key, is_online, profile, resolve_device
 from .errors import ConfigError, DatasetUnavailableError
 from .evaluation import exports, score_inference
+from .kinds import prepare_model
 from .messages import note
 from .models import checkpoint_dir
 from .project import __version__
 from .result import MEMORY_CATEGORIES, RunResult
-from .train import fit, prepare_model, run_splits
+from .train import fit, run_splits
 
 REFERENCE_DIR = Path(__file__).parent / "assets" / "reference"
 METRIC_COLUMNS = (

@@ -18,8 +18,6 @@ import torch.nn.functional as F
 
 from ..text import IGNORE_INDEX, TokenBatch
 
-_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids", "document_ids")
-
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The SUM of next-token cross-entropies over the label tokens, in float32 (position t predicts token t + 1).
@@ -40,14 +38,8 @@ def forward_inputs(batch: TokenBatch) -> dict:
 
 
 def split_rows(batch: TokenBatch, chunks: int) -> list[TokenBatch]:
-    """``batch``'s rows in ``chunks`` micro-batches, in order (as wide as ``batch``, so the step's tokens are its).
-
-    Example:
-        >>> [micro.input_ids.shape[0] for micro in split_rows(batch, 4)]  # a batch of 8 rows
-        [2, 2, 2, 2]
-    """
-    parts = zip(*(getattr(batch, name).chunk(chunks) for name in _FIELDS), strict=True)
-    return [TokenBatch(*values, packing=batch.packing) for values in parts]
+    """``batch``'s rows in ``chunks`` micro-batches, in order (`TokenBatch.split`)."""
+    return batch.split(chunks)
 
 
 def micro_batch_loss(model: torch.nn.Module, micro: TokenBatch, step_label_tokens: int) -> torch.Tensor:

@@ -32,6 +32,7 @@ from ..validate import is_int
 from .chars import PAD_ID
 from .tasks import IGNORE_INDEX
 
+_TENSORS = ("input_ids", "labels", "attention_mask", "position_ids", "document_ids")  # TokenBatch's, in order
 __all__ = ["PACKINGS", "TokenBatch", "TokenCounts", "collate", "make_token_loader", "pack_rows"]
 
 
@@ -78,6 +79,20 @@ class TokenBatch:
         return TokenCounts(self.input_ids.numel(), int(self.attention_mask.sum()),
                            int((self.labels != IGNORE_INDEX).sum()))
 
+    def loss_count(self) -> int:
+        """Label tokens: what a token-normalised loss divides its sum by (`labkit.techniques.token_loss`)."""
+        return int((self.labels != IGNORE_INDEX).sum())
+
+    def split(self, chunks: int) -> list[TokenBatch]:
+        """The rows in ``chunks`` micro-batches, in order (as wide as this batch, so the step's tokens are its).
+
+        Example:
+            >>> [micro.input_ids.shape[0] for micro in batch.split(4)]  # a batch of 8 rows
+            [2, 2, 2, 2]
+        """
+        parts = zip(*(getattr(self, name).chunk(chunks) for name in _TENSORS), strict=True)
+        return [TokenBatch(*values, packing=self.packing) for values in parts]
+
     @property
     def pad_fraction(self) -> float:
         return self.counts().pad_fraction
@@ -108,8 +123,7 @@ class TokenBatch:
 
     def to(self, device, non_blocking: bool = False) -> TokenBatch:
         """This batch with every tensor on ``device``."""
-        moved = {k: getattr(self, k).to(device, non_blocking=non_blocking)
-                 for k in ("input_ids", "labels", "attention_mask", "position_ids", "document_ids")}
+        moved = {k: getattr(self, k).to(device, non_blocking=non_blocking) for k in _TENSORS}
         return TokenBatch(**moved, packing=self.packing)
 
 

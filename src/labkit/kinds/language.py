@@ -1,0 +1,132 @@
+"""Causal language models on token batches: the language kind of the one loop (`labkit.kinds`), each of its steps
+delegated to its technique.
+
+- set-up: the splits tokenized by a hub model's own tokenizer where its weights need it (`text_splits`),
+  per-decoder-layer checkpointing (`techniques.layer_checkpointing`), then compiling the decoder layers once the
+  model is on its device (`techniques.compiling`), with a loud fallback where this machine cannot compile;
+- the step: a micro-batch's summed token loss (`techniques.token_loss`), optionally the output layer and the loss in
+  slices (`techniques.chunked_loss`); the loop divides it by the step's label tokens (`TokenBatch.loss_count`);
+- the report: the attention FLOPs torch's FLOP counter misses on a CPU, the exact match or next-token accuracy.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import models, text
+from ..config import RunConfig
+from ..env import Profile
+from ..errors import ConfigError
+from ..evaluation import evaluate_tokens
+from ..messages import note
+from ..techniques.chunked_loss import chunked_loss_sum
+from ..techniques.compiling import compile_decoder, compile_problem
+from ..techniques.layer_checkpointing import checkpoint_decoder_layers
+from ..techniques.token_loss import forward_inputs, token_loss_sum
+
+
+def compile_layers(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> str | None:
+    """``cfg.compile``: compile the decoder layers (after the model is on ``device``). Returns a warning, or None.
+
+    Where this machine cannot compile (`compile_problem`: no C++ compiler on a CPU, no Triton on a GPU) the run goes
+    on uncompiled and says so loudly, in a note and in ``RunResult.warnings``.
+    """
+    if not cfg.compile:
+        return None
+    problem = compile_problem(device)
+    if problem is not None:
+        warning = (f"NOT COMPILED: {problem}, so this run trains the model uncompiled (compile=True had no effect; "
+                   "compile_time_s stays None)")
+        note(warning)
+        return warning
+    compile_decoder(models.unwrap(model))
+    return None
+
+
+def token_loss(model: torch.nn.Module, micro: text.TokenBatch, loss_chunks: int | None) -> torch.Tensor:
+    """One micro-batch's SUMMED token loss; with ``loss_chunks`` the output layer and the loss run a slice of the
+    sequence at a time, so the whole batch's logits never exist at once."""
+    if loss_chunks is None:
+        return token_loss_sum(model(**forward_inputs(micro)).logits, micro.labels)
+    lm = models.unwrap(model)
+    hidden = lm.model(**forward_inputs(micro)).last_hidden_state
+    return chunked_loss_sum(hidden, lm.lm_head, micro.labels, loss_chunks)
+
+
+@functools.lru_cache(maxsize=4)
+def text_splits(name: str, train_size: int, val_size: int, test_size: int, seq_len: int,
+                hub_model: str | None = None) -> dict:
+    """A language-model dataset's splits, loaded once per session and size; for a hub model (``hub_model``, when its
+    pretrained weights are asked for) every dataset (the digit tasks and pydoc_text) is tokenized by the model's own
+    tokenizer, which its pretrained embeddings need. Offline, or when that download fails, labkit's own instead (the
+    digits' characters, pydoc_text's BPE): the model then starts from random weights, and says so."""
+    tokenizer = None
+    if hub_model is not None:
+        tokenizer, why = models.hub_tokenizer(hub_model)
+        if tokenizer is None and models.is_online():
+            own = "BPE" if name == "pydoc_text" else "character tokenizer"
+            note(f"{name} is tokenized by labkit's {own}: {why}")
+    return text.load_text_splits(name, train_size, val_size, test_size, seq_len, seed=0, tokenizer=tokenizer)
+
+
+class LanguageKind:
+    """A causal language model from `labkit.models.language_models()` on a dataset from `labkit.text.available()`."""
+
+    name = "language"
+
+    def check_world(self, cfg: RunConfig, world_size: int, in_group: bool) -> None:
+        if world_size > 1 or in_group:
+            raise ConfigError("model", cfg.model, f"a vision model ({models.available()}) in a process group",
+                              "language models train in one process until issue 28's next slice")
+
+    def split_sizes(self, cfg: RunConfig, prof: Profile) -> tuple[int, int, int]:
+        # pydoc_text's 2,608 paragraphs cap a profile's sizes; a train_size asked for is kept (and checked on loading)
+        train, val, test = text.split_sizes(cfg.dataset, cfg.train_size or prof.train_size, prof.val_size,
+                                            prof.test_size)
+        return cfg.train_size or train, val, test
+
+    def splits(self, cfg: RunConfig, sizes: tuple[int, int, int]) -> dict:
+        seq_len = text.resolve_seq_len(cfg.dataset, cfg.seq_len)
+        hub_model = cfg.model if cfg.model in models.HUB_MODELS and cfg.pretrained else None
+        return text_splits(cfg.dataset, *sizes, seq_len, hub_model)
+
+    def build(self, cfg: RunConfig, split):
+        return models.build_language_model(cfg.model, split.tokenizer.vocab_size, cfg.pretrained,
+                                           cfg.attn_implementation, split.tokenizer)
+
+    def checkpoint(self, model: torch.nn.Module, cfg: RunConfig) -> None:
+        """``checkpointing=True``: every decoder layer checkpointed (transformers' own method)."""
+        if cfg.checkpointing is True:
+            checkpoint_decoder_layers(models.unwrap(model))
+
+    def on_device(self, model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> str | None:
+        return compile_layers(model, cfg, device)
+
+    def loader(self, split, rows: int, cfg: RunConfig, sampler, device: torch.device):
+        """Rows of token ids, padded or packed (`labkit.text.batching`)."""
+        loader = text.make_token_loader(split, rows, cfg.packing, shuffle=True, seed=cfg.seed, drop_last=True,
+                                        sampler=sampler)
+        if len(loader) == 0:
+            raise ConfigError("batch_size", cfg.batch_size, f"at most {len(loader.dataset)}, the rows "
+                              f"{cfg.dataset}'s training split makes with packing={cfg.packing!r}")
+        return loader
+
+    def batch(self, item, labels=None) -> text.TokenBatch:
+        if labels is not None or not isinstance(item, text.TokenBatch):
+            raise ConfigError("batch", type(item).__name__, "one labkit.text.TokenBatch (a language model's step)")
+        return item
+
+    def to_device(self, batch: text.TokenBatch, split, cfg: RunConfig, device: torch.device) -> text.TokenBatch:
+        return batch.to(device, non_blocking=True)
+
+    def loss_sum(self, model: torch.nn.Module, micro: text.TokenBatch, cfg: RunConfig) -> torch.Tensor:
+        return token_loss(model, micro, cfg.loss_chunks)
+
+    def extra_flops(self, model: torch.nn.Module, batch: text.TokenBatch, device: torch.device) -> int:
+        """The CPU SDPA kernel's FLOPs, which torch's FLOP counter misses."""
+        return models.uncounted_attention_flops(models.unwrap(model), *batch.input_ids.shape, device)
+
+    def evaluate(self, model, splits: dict, cfg: RunConfig, device, precision, shard: bool) -> float:
+        return evaluate_tokens(model, splits["test"], device, precision)
