@@ -42,6 +42,15 @@ def test_sweep_with_set(config_file, capsys, tmp_path):
     assert csv.exists() and len(csv.read_text().splitlines()) == 3
 
 
+def test_sweep_takes_the_hf_trainer_names(tmp_path, capsys):
+    path = tmp_path / "sft.yaml"  # the names a TRL config uses
+    path.write_text("model: small_cnn\nper_device_train_batch_size: 8\ngradient_accumulation_steps: 2\n"
+                    "max_steps: 6\ntrain_size: 64\ndevice: cpu\nevaluate: false\n")
+    assert cli.main(["sweep", str(path), "--set", "learning_rate=1e-3,1e-2"]) == 0
+    header, *rows = capsys.readouterr().out.strip().splitlines()[:3]
+    assert header.split()[:2] == ["learning", "rate"] and [row.split()[0] for row in rows] == ["0.001", "0.01"]
+
+
 def test_parse_set():
     assert cli._parse_set(["batch_size=16,32", "precision=fp32"]) == {"batch_size": [16, 32],
                                                                        "precision": ["fp32"]}

@@ -1,11 +1,15 @@
+import ast
 import math
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import yaml
 
 import labkit
-from labkit import config
-from labkit.config import baseline, load_config, save_config
+from labkit import choices, config, models, text
+from labkit.config import baseline
+from labkit.configfile import load_config, save_config
 from labkit.errors import ConfigError
 
 
@@ -97,9 +101,68 @@ def test_yaml_round_trip(tmp_path):
 
 def test_yaml_unknown_key(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"batch_size": 32, "learning_rate": 0.1}))
-    with pytest.raises(ConfigError, match=r"bad.yaml key='learning_rate' is not allowed: a RunConfig field"):
+    path.write_text(yaml.safe_dump({"batch_size": 32, "learnig_rate": 0.1}))
+    with pytest.raises(ConfigError, match=r"bad.yaml key='learnig_rate' is not allowed: a RunConfig field .* or an "
+                                          r"alias of one .*Did you mean 'learning_rate'"):
         load_config(path)
+
+
+def test_the_names_users_bring_from_trl_peft_and_the_hf_trainer(tmp_path):
+    path = tmp_path / "sft.yaml"
+    path.write_text("model: tiny_llama\ndataset: digits_sort\nmax_length: 64\nper_device_train_batch_size: 4\n"
+                    "gradient_accumulation_steps: 8\ngradient_checkpointing: true\noptim: adamw_torch_fused\n"
+                    "learning_rate: 2.0e-4\nlora_rank: 8\ntarget_modules: [q_proj, v_proj]\nbf16: true\n")
+    cfg = load_config(path)
+    # per_device_train_batch_size is the micro-batch: 4 rows x 8 accumulation steps = 32 rows a step
+    assert (cfg.seq_len, cfg.batch_size, cfg.grad_accum, cfg.checkpointing) == (64, 32, 8, True)
+    assert (cfg.optimizer, cfg.optimizer_impl, cfg.lr, cfg.precision) == ("adamw", "fused", 2e-4, "bf16")
+    assert cfg.lora_targets == ("q_proj", "v_proj")
+    assert labkit.RunConfig(optim="adamw_8bit").optimizer == "adamw8bit"
+    assert labkit.RunConfig(optimizer="paged_adamw_8bit").optimizer == "paged_adamw8bit"
+    assert cfg.replace(max_length=32).seq_len == 32
+    assert labkit.RunConfig(fp16=False).precision == "fp32"
+
+
+@pytest.mark.parametrize(("values", "match"), [
+    ({"lr": 1e-3, "learning_rate": 2e-3}, r"key='learning_rate' is not allowed: one name for lr: 'lr' names it too"),
+    ({"optim": "adamw_torch_fused", "optimizer_impl": "foreach"},
+     r"optimizer_impl='foreach' is not allowed: 'fused' or unset with optim='adamw_torch_fused'"),
+    ({"optim": "lion"}, r"optimizer='lion' is not allowed: one of .* \(or transformers' optim names .*adamw_8bit"),
+    ({"bf16": "yes"}, r"bf16='yes' is not allowed: True or False"),
+    ({"bf16": True, "fp16": True}, r"key='fp16' is not allowed: one name for precision: 'bf16' names it too"),
+])
+def test_aliases_refuse_two_names_for_one_field(values, match):
+    with pytest.raises(ConfigError, match=match):
+        labkit.RunConfig(**values)
+
+
+def test_each_field_states_its_check_and_what_it_depends_on_where_it_is_declared():
+    described = {f.name: f.metadata for f in fields(labkit.RunConfig)}
+    assert all("check" in meta for meta in described.values())  # declared with `option`, none left bare
+    assert described["lora_alpha"]["needs"] is config.LORA and described["seq_len"]["needs"] is config.LANGUAGE
+    assert config.LORA_DEFAULTS == {"lora_alpha": 16.0, "lora_targets": "all-linear", "lora_dropout": 0.0}
+
+
+def test_no_choice_is_restated_outside_its_home():
+    """A choice's values written out again (a list of packings in a lab, a notebook's panel) drift from their home."""
+    homes = {"choices": [choices.PRECISIONS, choices.OPTIMIZERS, choices.EIGHT_BIT_OPTIMIZERS, choices.FREEZE_LEVELS,
+                         choices.PACKINGS, choices.ATTN_IMPLEMENTATIONS, choices.OPTIMIZER_IMPLS,
+                         choices.COMPILE_PACKINGS, tuple(choices.QUANTIZE_METHODS)],
+             "tasks": [text.TEXT_DATASETS], "language": [tuple(models.LANGUAGE_MODELS)],
+             "hub": [tuple(models.HUB_MODELS)]}
+    root = Path(labkit.__file__).parents[2]
+    files = [*(root / "src/labkit").rglob("*.py"), *(root / "notebooks/src").glob("[0-9]*.py")]
+    restated = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2
+                    and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)):
+                continue
+            values = {e.value for e in node.elts}
+            restated += [f"{path.relative_to(root)}:{node.lineno} {sorted(values)}" for home, choices_here in
+                         homes.items() for values_home in choices_here
+                         if values == set(values_home) and path.stem != home]
+    assert not restated, f"choices written out again instead of imported from their home: {restated}"
 
 
 def test_yaml_not_a_mapping(tmp_path):

@@ -9,7 +9,7 @@ import torch
 import labkit
 from labkit import cli, env
 from labkit import troubleshoot as doctor
-from labkit.config import save_config
+from labkit.configfile import save_config
 from labkit.errors import ConfigError
 
 # launch's error for a rank that hangs (the doctor's probe is `launch` with a short timeout): the only test that

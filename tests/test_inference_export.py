@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import choices, config, evaluation, train
+from labkit import choices, configfile, evaluation, train
 from labkit.errors import ConfigError
 from labkit.results import to_row
 from labkit.techniques import quantization
@@ -99,7 +99,7 @@ def test_yaml_gives_a_keep_float_list_as_a_tuple(tmp_path):
     path = tmp_path / "q.yaml"
     path.write_text("quantize: int8_static\nquantize_keep_float: [stem, head]\n")
     cfg = labkit.load_config(path)
-    assert cfg.quantize_keep_float == ("stem", "head") and config.save_config(cfg, tmp_path / "b.yaml")
+    assert cfg.quantize_keep_float == ("stem", "head") and configfile.save_config(cfg, tmp_path / "b.yaml")
     assert labkit.load_config(tmp_path / "b.yaml") == cfg
 
 

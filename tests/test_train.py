@@ -8,8 +8,8 @@ import torch
 
 import labkit
 from labkit import train
-from labkit.kinds import vision
 from labkit.errors import ConfigError, NonFiniteLossError
+from labkit.kinds import vision
 from labkit.result import MEMORY_CATEGORIES
 
 

@@ -342,7 +342,7 @@ assert pitfall["fixed_loss"] == pitfall["fixed_loss"] > 0
 # %%
 panel = ExperimentPanel(
     run=labkit.results.cached_fit,
-    controls={"precision": ["fp32", "fp16", "bf16", "auto"], "batch_size": (16, 256, 16),
+    controls={"precision": list(labkit.choices.PRECISIONS), "batch_size": (16, 256, 16),
               "model": ["small_cnn", "shufflenet_v2_x0_5", "resnet18"]},
     base=cfg, show=views.History(("step_time_s", "peak_memory_bytes")), title="Mixed precision")
 panel

@@ -253,7 +253,7 @@ display.table(compiled, ["run", "step_time_s", "tokens_per_s", "compile_time_s"]
 # check: checkpointing keeps fewer activations; every AdamW kernel ran
 on, off = ckpt.set_index("run").activation_bytes[["checkpointing=on", "checkpointing=off"]]
 assert on < 0.8 * off, "checkpointing keeps fewer activations"
-assert set(kernels.impl) == {"forloop", "foreach", "fused"} and (kernels.step_time_s > 0).all()
+assert set(kernels.impl) == set(labkit.choices.OPTIMIZER_IMPLS) and (kernels.step_time_s > 0).all()
 
 # %% [markdown]
 # A first compile takes tens of seconds; Inductor caches the kernels on disk, so the same shapes compile again in
@@ -324,8 +324,8 @@ display.table(labkit.results.published("10_language_models-fused*", "09_recipe-c
 # %%
 panel = ExperimentPanel(
     run=labkit.results.cached_fit,
-    controls={"packing": list(text.PACKINGS), "attn_implementation": ["sdpa", "eager"],
-              "optimizer_impl": ["forloop", "foreach", "fused"], "loss_chunks": [None, 2, 4, 8],
+    controls={"packing": list(text.PACKINGS), "attn_implementation": list(labkit.choices.ATTN_IMPLEMENTATIONS),
+              "optimizer_impl": list(labkit.choices.OPTIMIZER_IMPLS), "loss_chunks": [None, 2, 4, 8],
               "checkpointing": [False, True]},
     base=lab.speed_config(batch_size=8, seq_len=64),
     show=views.History(("step_time_s", "memory_breakdown", "tokens_per_s")), title="Language-model speed")

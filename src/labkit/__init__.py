@@ -13,7 +13,8 @@ troubleshooting table's symptoms); `bench`, `cli`.
 """
 
 from .capacity import estimate_memory, find_max_batch_size, training_memory
-from .config import RunConfig, load_config, save_config
+from .config import RunConfig
+from .configfile import load_config, save_config
 from .env import env_report, profile
 from .project import __version__
 from .result import RunResult

@@ -2,7 +2,7 @@
 that carries the choice out both import it from here, so the two can never disagree.
 
 - precisions (`PRECISIONS`), optimizers (`OPTIMIZERS`, `EIGHT_BIT_OPTIMIZERS`), freezing levels (`FREEZE_LEVELS`);
-- LoRA: `LORA_ALL_LINEAR`, `LORA_DEFAULTS` and `check_lora` (rank, alpha, dropout, targets);
+- LoRA: `LORA_ALL_LINEAR` and `check_lora` (rank, alpha, dropout, targets);
 - language models: batching (`PACKINGS`), attention (`ATTN_IMPLEMENTATIONS`), optimizer kernels (`OPTIMIZER_IMPLS`),
   chunked cross-entropy (`check_loss_chunks`), compiling (`COMPILE_PACKINGS`, `check_compile`);
 - quantization methods: `QUANTIZE_METHODS` (what each stores, which library, where it runs) and the simulated
@@ -25,7 +25,6 @@ EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")  # bitsandbytes' 8-bit A
 OPTIMIZERS = ("adamw", "sgd", *EIGHT_BIT_OPTIMIZERS)
 FREEZE_LEVELS = ("none", "light", "medium", "heavy", "head_only")  # what each freezes: techniques.freezing
 LORA_ALL_LINEAR = "all-linear"  # every Linear layer but the output layer (PEFT's name for it)
-LORA_DEFAULTS = {"lora_alpha": 16.0, "lora_targets": LORA_ALL_LINEAR, "lora_dropout": 0.0}
 # Language models: how token rows are batched (`labkit.text.batching`), the attention kernel, the optimizer's kernels.
 PACKINGS = ("pad", "pad_max", "pack")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")  # PyTorch's scaled_dot_product_attention, or softmax(Q K^T) V written out

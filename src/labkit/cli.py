@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from .bench import DEFAULT_BUDGET_S, SUITES, run_bench, run_suite
-from .config import load_config, parse_yaml
+from .config import ALIASES
+from .configfile import load_config, parse_yaml
 from .display import MAX_TABLE_COLUMNS, text_record, text_table
 from .env import env_report
 from .errors import ConfigError, LabkitError
@@ -56,7 +57,7 @@ def _cmd_sweep(args) -> int:
     axes = _parse_set(args.set or [])
     frame = sweep(cfg, refresh=args.refresh, **axes)
     failed = "error" in frame and frame["error"].notna().any()
-    columns = [*axes, *SWEEP_METRICS, *(["error"] if failed else [])]
+    columns = [*(ALIASES.get(axis, axis) for axis in axes), *SWEEP_METRICS, *(["error"] if failed else [])]
     print(text_table(frame, columns[:MAX_TABLE_COLUMNS]))  # at most 7 axes and metrics: --csv has them all
     if args.csv:
         frame.to_csv(args.csv, index=False)

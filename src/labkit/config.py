@@ -1,51 +1,28 @@
-"""`RunConfig`: one frozen dataclass describing a run, validated on creation, loadable from YAML.
+"""`RunConfig`: one frozen dataclass describing a run, validated on creation (YAML files: `labkit.configfile`).
 
-Details of the `RunConfig` fields that switch a technique on:
+Each field is declared once with its default, its check and what it depends on (`labkit.fieldspec.option`); a field
+that would have no effect (``lora_alpha`` without ``lora_rank``, ``seq_len`` on a vision model) must keep its
+default. The technique a field switches on is documented where it is carried out:
 
-- ``optimizer``, ``lr``, ``weight_decay``, ``momentum``: ``adamw``, ``sgd`` (the only one with a ``momentum``),
-  or bitsandbytes' 8-bit AdamW, ``adamw8bit`` (CPU and GPU) or ``paged_adamw8bit`` (CUDA only: its state can
-  spill to CPU memory); the 8-bit ones need the ``bitsandbytes`` package (see `labkit.techniques.optimizers`).
-- ``lr_warmup_steps``: raise the learning rate linearly over the first this-many optimizer steps (step ``s``
-  uses ``lr * s / lr_warmup_steps``), then keep ``lr``; 0 (the default) means no warm-up. Large batches with a
-  scaled-up ``lr`` need it (Goyal et al. 2017). Must be fewer than the run's optimizer steps (checked when the
-  run starts).
-- ``checkpointing``: gradient (activation) checkpointing of the model's blocks, recomputed in the backward pass
-  instead of stored: False (off), True (every block its own segment) or an int, the number of checkpointed
-  segments the blocks are split into (1 to the model's number of blocks, see
-  `labkit.techniques.checkpointing.checkpoint_blocks`).
-- ``freeze``: freeze the model's first stages: None or ``none`` (nothing), ``light``, ``medium``, ``heavy`` or
-  ``head_only`` (only the head trains). Frozen parameters get no gradient and no optimizer state, and frozen
-  BatchNorm layers stay in eval mode (see `labkit.techniques.freezing`, which has the table of what each level
-  freezes per model).
-- ``lora_rank``: every Linear layer that ``lora_targets`` names gets a frozen weight plus a trainable update
-  ``(lora_alpha / rank) B A``, and everything else is frozen but the head (see `labkit.techniques.lora`).
-- ``prune_amount``: after training, prune this share of every Conv/Linear weight by magnitude for inference. The
-  pruned copy is scored and sized in ``RunResult.inference``; the trained model itself is left alone. With
-  ``prune_structured`` that share of each convolution's output channels is removed and the layers rebuilt
-  smaller (`labkit.techniques.pruning.prune_channels`) instead of single weights zeroed.
-- ``optimizer_impl``: which of torch.optim's kernels AdamW/SGD use: ``forloop`` (a Python loop over the tensors),
-  ``foreach`` (one multi-tensor kernel per operation) or ``fused`` (one kernel for the whole update); None lets
-  torch pick (foreach on CUDA). Not for the 8-bit optimizers.
-- Language models (``model`` in `labkit.models.language_models()`, ``dataset`` in `labkit.text.available()`):
-  ``seq_len`` caps the tokens per row, ``packing`` says how rows are made (`labkit.text.batching`),
-  ``attn_implementation`` picks the attention kernel, ``loss_chunks`` computes the output layer and the loss a
-  slice of the sequence at a time (`labkit.techniques.chunked_loss`), ``compile`` compiles the decoder layers
-  (`labkit.techniques.compiling`; needs ``packing`` ``pad_max`` or ``pack``). ``checkpointing=True`` checkpoints
-  each decoder layer (`labkit.techniques.layer_checkpointing`); LoRA and freezing work as on the vision models.
-  Pruning and quantization stay vision-only for now.
-- ``quantize``: one of `labkit.choices.QUANTIZE_METHODS` or `SIMULATED_METHODS`; ``RunResult.inference`` holds
-  the quantized copy's accuracy and serialised size. ``int8_static`` calibrates on training batches.
+- ``optimizer``, ``optimizer_impl``, ``lr_warmup_steps``: `labkit.techniques.optimizers` (the 8-bit AdamWs need
+  ``bitsandbytes``; ``paged_adamw8bit`` is CUDA only; step ``s`` of a warm-up uses ``lr * s / lr_warmup_steps``);
+- ``checkpointing``: `labkit.techniques.checkpointing` (segments of a vision model's blocks), and on a language model
+  `labkit.techniques.layer_checkpointing` (every decoder layer);
+- ``freeze``: `labkit.techniques.freezing`; ``lora_*``: `labkit.techniques.lora`;
+- ``prune_amount``, ``prune_structured``, ``quantize``: the copy for inference, scored in ``RunResult.inference``
+  (`labkit.techniques.pruning`, `labkit.techniques.quantization`), vision models only for now;
+- language models: ``seq_len`` and ``packing`` (`labkit.text.batching`), ``attn_implementation``, ``loss_chunks``
+  (`labkit.techniques.chunked_loss`), ``compile`` (`labkit.techniques.compiling`).
+
+The names users bring from the Hugging Face Trainer, TRL and PEFT are aliases (`ALIASES`, `OPTIM_NAMES`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from pathlib import Path
-
-import yaml
 
 from . import data, downloads, models, text
 from .choices import (
@@ -53,14 +30,12 @@ from .choices import (
     EIGHT_BIT_OPTIMIZERS,
     FREEZE_LEVELS,
     LORA_ALL_LINEAR,
-    LORA_DEFAULTS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PACKINGS,
     PRECISIONS,
     QUANTIZE_METHODS,
     SIMULATED_METHODS,
-    check_choice,
     check_compile,
     check_lora,
     check_loss_chunks,
@@ -68,213 +43,230 @@ from .choices import (
 )
 from .env import profile
 from .errors import ConfigError
+from .fieldspec import (
+    Needs,
+    apply,
+    defaults,
+    flag,
+    int_at_least,
+    names,
+    number_above,
+    number_at_least,
+    one_of,
+    option,
+    optional_positive_int,
+    positive_int,
+)
 from .messages import note
 from .validate import is_int, is_number
 
-DEVICES_HINT = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 # Each choice's values and check live in `labkit.choices`, which the techniques import too.
-__all__ = ["FREEZE_LEVELS", "LORA_ALL_LINEAR", "LORA_DEFAULTS", "OPTIMIZERS", "PRECISIONS", "RunConfig",
-           "baseline", "check_keys", "field_names", "load_config", "parse_yaml", "save_config", "workload"]
+__all__ = ["ALIASES", "FREEZE_LEVELS", "LORA_ALL_LINEAR", "LORA_DEFAULTS", "OPTIMIZERS", "PRECISIONS", "RunConfig",
+           "baseline", "canonical", "check_keys", "field_names", "workload"]
 
 
-@dataclass(frozen=True)
+def _is_language(cfg) -> bool:
+    return models.is_language_model(cfg.model)
+
+
+# What a field depends on (`labkit.fieldspec.Needs`): where it does not hold, the field keeps its default.
+LANGUAGE = Needs(_is_language, "(the default) for {model}, a vision model",
+                 f"it applies to the language models {models.language_models()}")
+VISION = Needs(lambda cfg: not _is_language(cfg), "for the language model {model}",
+               "labkit prunes and quantizes the vision models only, for now")
+LORA = Needs(lambda cfg: cfg.lora_rank is not None, "(the default) unless lora_rank is set",
+             "without lora_rank there are no LoRA adapters for it to change")
+SGD = Needs(lambda cfg: cfg.optimizer == "sgd", "(the default) unless optimizer='sgd'",
+            "{optimizer} has no momentum setting")
+EPOCHS = Needs(lambda cfg: cfg.max_steps is None, "(the default) when max_steps is set",
+               "max_steps={max_steps} decides the length of the run; set one of the two")
+PRUNED = Needs(lambda cfg: cfg.prune_amount is not None, "(the default) unless prune_amount is set",
+               "prune_amount says how many channels to remove")
+QUANTIZED = Needs(lambda cfg: cfg.quantize is not None, "(the default) unless quantize is set",
+                  "without quantize nothing is quantized, so nothing is kept in float")
+
+
+_LORA_RANK = int_at_least(1, "None (no LoRA) or a positive integer (1, 2, 4, 8, ...)", optional=True)
+_IMAGE_SIZE = int_at_least(16, "None (the dataset's own size) or an integer >= 16 (images are resized to it)",
+                           optional=True)
+_SEQ_LEN = int_at_least(2, "None (the dataset's default) or an integer >= 2 (tokens per row)", optional=True)
+
+
+def _model(name: str, value):
+    return one_of(models.available() + models.language_models())(name, value)
+
+
+def _dataset(name: str, value):
+    return one_of(data.available() + text.available())(name, value)
+
+
+def _dataset_fits_model(name: str, cfg) -> None:
+    language = _is_language(cfg)
+    if language != (cfg.dataset in text.available()):
+        allowed = text.available() if language else data.available()
+        kind = "a language model" if language else "a vision model"
+        raise ConfigError(name, cfg.dataset, f"one of {allowed}: {cfg.model} is {kind}")
+
+
+def _divides_batch(name: str, cfg) -> None:
+    if cfg.batch_size % cfg.grad_accum:
+        raise ConfigError(name, cfg.grad_accum, f"a divisor of batch_size={cfg.batch_size} (each micro-batch is "
+                          "batch_size / grad_accum samples)")
+
+
+def _device(name: str, value):
+    if not isinstance(value, str) or not (value in ("auto", "cpu", "cuda") or value.startswith("cuda:")):
+        raise ConfigError(name, value, "'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return value
+
+
+def _checkpointing(name: str, value):
+    if not isinstance(value, bool) and not (is_int(value) and value >= 1):
+        raise ConfigError(name, value, "False, True (every block its own segment) or an integer >= 1 (the number of "
+                          "checkpointed segments)", "checkpointing=False turns it off")
+    return value
+
+
+def _segments_fit(name: str, cfg) -> None:
+    """A vision model's segments, at most its blocks; a language model's: every decoder layer or none."""
+    value = cfg.checkpointing
+    if _is_language(cfg) and value not in (False, True):
+        raise ConfigError(name, value, f"False or True for the language model {cfg.model}", "True checkpoints every "
+                          "decoder layer (transformers' own per-layer checkpointing); it has no segments to count")
+    if is_int(value) and not _is_language(cfg) and value > len(blocks := models.block_names(cfg.model)):
+        raise ConfigError(name, value, f"False, True or 1 to {len(blocks)}: {cfg.model} has {len(blocks)} blocks "
+                          f"({', '.join(blocks)}), and a segment holds at least one")
+
+
+def _not_with_lora(name: str, cfg) -> None:
+    if cfg.freeze not in (None, "none") and cfg.lora_rank is not None:
+        raise ConfigError(name, cfg.freeze, "None when lora_rank is set",
+                          "LoRA already freezes everything but its adapters and the head")
+
+
+def _lora_targets(name: str, value):
+    targets = lora_targets(value, name)
+    return value if isinstance(value, str) else targets  # YAML gives a list; a frozen config keeps a tuple
+
+
+def _lora_part(part: int) -> Callable:
+    """LoRA's own check (`labkit.choices.check_lora`) of one of its settings: 1 alpha, 2 dropout."""
+    def check(name: str, value):
+        settings = [1, 16.0, 0.0, LORA_ALL_LINEAR]
+        settings[part] = value
+        check_lora(*settings, fields=("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"))
+        return value
+    return check
+
+
+def _share(name: str, value):
+    if value is not None and (not is_number(value) or not 0 < value < 1):
+        raise ConfigError(name, value, "None (no pruning) or a share in (0, 1), e.g. 0.5")
+    return value
+
+
+def _not_eight_bit(name: str, cfg) -> None:
+    if cfg.optimizer_impl is not None and cfg.optimizer in EIGHT_BIT_OPTIMIZERS:
+        raise ConfigError(name, cfg.optimizer_impl, f"None with optimizer={cfg.optimizer!r}",
+                          "bitsandbytes' 8-bit optimizers have their own kernels")
+
+
+def _seq_len_fits(name: str, cfg) -> None:
+    seq_len = text.resolve_seq_len(cfg.dataset, cfg.seq_len)
+    if seq_len > models.max_positions(cfg.model):
+        raise ConfigError(name, cfg.seq_len, f"at most {models.max_positions(cfg.model)}, the longest sequence "
+                          f"{cfg.model} takes (max_position_embeddings)")
+
+
+# transformers' ``optim`` names -> (optimizer, optimizer_impl); labkit's own names stand for themselves
+OPTIM_NAMES = {"adamw_torch": ("adamw", None), "adamw_torch_fused": ("adamw", "fused"),
+               "adamw_8bit": ("adamw8bit", None), "adamw_bnb_8bit": ("adamw8bit", None),
+               "paged_adamw_8bit": ("paged_adamw8bit", None)}
+
+
+@dataclass(frozen=True, init=False)
 class RunConfig:
     """Everything that defines one training run. Override by keyword; invalid values raise `ConfigError`.
 
-    Each field's comment says what it holds; the module docstring has the details of the techniques' fields.
+    Each field is declared with its default, its check and what it depends on (`labkit.fieldspec.option`); the
+    module docstring has the details of the techniques' fields. The names users bring from the Hugging Face Trainer,
+    TRL and PEFT are accepted too (`ALIASES`, `OPTIM_NAMES`).
 
     Example:
         >>> cfg = RunConfig(model="small_cnn", batch_size=128).replace(precision="bf16")
+        >>> RunConfig(model="tiny_llama", dataset="digits_sort", max_length=64, optim="adamw_torch_fused").seq_len
+        64
     """
 
-    model: str = "small_cnn"  # a name from ``labkit.models.available()``
-    dataset: str = "shapes10"  # a name from ``labkit.data.available()``
-    batch_size: int = 64  # samples per optimizer step (split into ``grad_accum`` micro-batches)
-    precision: str = "fp32"  # ``fp32``, ``fp16`` (autocast + GradScaler), ``bf16`` (autocast) or ``auto``
-    optimizer: str = "adamw"  # ``adamw``, ``sgd``, ``adamw8bit`` or ``paged_adamw8bit`` (see the module docstring)
-    lr: float = 1e-3  # the optimizer's learning rate
-    lr_warmup_steps: int = 0  # linear learning-rate warm-up over this many optimizer steps; 0: none
-    weight_decay: float = 0.0  # the optimizer's weight decay
-    momentum: float = 0.9  # SGD's momentum (``sgd`` is the only optimizer with one)
-    epochs: int = 1  # passes over the training set, unless ``max_steps`` is set
-    max_steps: int | None = None  # train exactly this many optimizer steps (None: ``epochs`` decides)
-    grad_accum: int = 1  # micro-batches per optimizer step; must divide ``batch_size``
-    grad_clip: float | None = None  # clip the gradient norm to this value (None: no clipping)
-    checkpointing: bool | int = False  # gradient checkpointing: False, True (every block) or a number of segments
-    freeze: str | None = None  # None/``none``, ``light``, ``medium``, ``heavy`` or ``head_only``
-    lora_rank: int | None = None  # train LoRA adapters of this rank instead of the model (None: no LoRA)
-    lora_alpha: float = 16.0  # the LoRA update's scale is ``lora_alpha / lora_rank``
+    model: str = option("small_cnn", _model)  # a name from ``labkit.models.available()`` (or language_models())
+    dataset: str = option("shapes10", _dataset, relation=_dataset_fits_model)  # ``labkit.data/text.available()``
+    batch_size: int = option(64, positive_int)  # samples per optimizer step (split into ``grad_accum`` micro-batches)
+    precision: str = option("fp32", one_of(PRECISIONS))  # fp32, fp16 (autocast + GradScaler), bf16 (autocast), auto
+    # adamw, sgd, adamw8bit or paged_adamw8bit (see the module), or transformers' name for one (`OPTIM_NAMES`)
+    optimizer: str = option("adamw", one_of(OPTIMIZERS, note=f"(or transformers' optim names {list(OPTIM_NAMES)})"))
+    lr: float = option(1e-3, number_above(0))  # the optimizer's learning rate
+    # linear learning-rate warm-up over this many optimizer steps; 0: none
+    lr_warmup_steps: int = option(0, int_at_least(0, "an integer >= 0 (0: no warm-up)"))
+    weight_decay: float = option(0.0, number_at_least(0))  # the optimizer's weight decay
+    momentum: float = option(0.9, number_at_least(0), needs=SGD)  # SGD's momentum (the only optimizer with one)
+    epochs: int = option(1, positive_int, needs=EPOCHS)  # passes over the training set, unless ``max_steps`` is set
+    max_steps: int | None = option(None, optional_positive_int)  # train exactly this many optimizer steps
+    grad_accum: int = option(1, positive_int, relation=_divides_batch)  # micro-batches per optimizer step
+    grad_clip: float | None = option(None, number_above(0, optional=True))  # clip the gradient norm (None: no)
+    # gradient checkpointing: False, True (every block) or a number of segments (vision models)
+    checkpointing: bool | int = option(False, _checkpointing, relation=_segments_fit)
+    # None/``none``, ``light``, ``medium``, ``heavy`` or ``head_only``
+    freeze: str | None = option(None, one_of(FREEZE_LEVELS, optional=True, note="('head_only': only the head trains)"),
+                                relation=_not_with_lora)
+    lora_rank: int | None = option(None, _LORA_RANK)  # train LoRA adapters of this rank instead of the model
+    lora_alpha: float = option(16.0, _lora_part(1), needs=LORA)  # the LoRA update's scale is lora_alpha / lora_rank
     # the Linear layers LoRA adapts: name suffixes (``["qkv"]`` on ``tiny_vit``) or ``"all-linear"`` (all but the head)
-    lora_targets: tuple[str, ...] | str = LORA_ALL_LINEAR
-    lora_dropout: float = 0.0  # dropout on the LoRA path's input
-    prune_amount: float | None = None  # after training, prune this share of the weights for inference (None: no)
-    prune_structured: bool = False  # remove whole conv output channels instead of zeroing single weights
-    quantize: str | None = None  # after training (and pruning), quantize a copy for inference with this method
+    lora_targets: tuple[str, ...] | str = option(LORA_ALL_LINEAR, _lora_targets, needs=LORA)
+    lora_dropout: float = option(0.0, _lora_part(2), needs=LORA)  # dropout on the LoRA path's input
+    # after training, prune this share of the weights for inference (None: no)
+    prune_amount: float | None = option(None, _share, needs=VISION)
+    # remove whole conv output channels instead of zeroing single weights
+    prune_structured: bool = option(False, flag, needs=PRUNED)
+    # after training (and pruning), quantize a copy for inference with this method
+    quantize: str | None = option(None, one_of([*QUANTIZE_METHODS, *SIMULATED_METHODS], optional=True,
+                                               what="None (no quantization) or one of"), needs=VISION)
     # module names (``"stem"``, ``"head"``) or layer types (``"LayerNorm"``) that quantization leaves in float
-    quantize_keep_float: tuple[str, ...] = ()
-    seed: int = 0  # seeds data order, initialisation and augmentation
-    device: str = "auto"  # ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
-    pretrained: bool = True  # start from pretrained weights (ImageNet online, labkit's own checkpoints offline)
-    train_size: int | None = None  # training samples; None takes the profile's size
-    tf32: bool = False  # allow TF32 for float32 matmuls/convolutions on Ampere+ (always set explicitly)
-    channels_last: bool = False  # use the channels_last memory format for model and inputs
-    evaluate: bool = True  # measure test accuracy after training
-    image_size: int | None = None  # resize the inputs to this size on the device (None: the dataset's own)
-    optimizer_impl: str | None = None  # torch.optim's kernels: ``forloop``, ``foreach``, ``fused`` (None: torch's pick)
+    quantize_keep_float: tuple[str, ...] = option(
+        (), names("a list of module names or layer types (e.g. ['head'])"), needs=QUANTIZED, shown="[]")
+    seed: int = option(0, int_at_least(0, "an integer >= 0"))  # seeds data order, initialisation and augmentation
+    device: str = option("auto", _device)  # ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
+    pretrained: bool = option(True, flag)  # start from pretrained weights (ImageNet online, labkit's own offline)
+    train_size: int | None = option(None, optional_positive_int)  # training samples; None takes the profile's size
+    tf32: bool = option(False, flag)  # allow TF32 for float32 matmuls/convolutions on Ampere+ (always set explicitly)
+    channels_last: bool = option(False, flag, needs=VISION)  # the channels_last memory format, model and inputs
+    evaluate: bool = option(True, flag)  # measure test accuracy after training
+    # resize the inputs to this size on the device (None: the dataset's own)
+    image_size: int | None = option(None, _IMAGE_SIZE, needs=VISION)
+    # torch.optim's kernels: ``forloop``, ``foreach``, ``fused`` (None: torch's pick)
+    optimizer_impl: str | None = option(None, one_of(OPTIMIZER_IMPLS, optional=True,
+                                                     what="None (torch's default) or one of"), relation=_not_eight_bit)
     # language models only (a `labkit.models.language_models()` model on a `labkit.text.available()` dataset):
-    seq_len: int | None = None  # the most tokens per row (None: the dataset's, `labkit.text.DEFAULT_SEQ_LENS`)
-    packing: str = "pad"  # ``pad`` (to the batch's longest row), ``pad_max`` (to seq_len), ``pack`` (end to end)
-    attn_implementation: str = "sdpa"  # ``sdpa`` (PyTorch's fused attention) or ``eager`` (softmax(QK^T) written out)
-    loss_chunks: int | None = None  # the output layer and the loss over this many slices of the sequence (None: one)
-    compile: bool = False  # torch.compile the decoder layers (compile time reported apart: RunResult.compile_time_s)
+    # the most tokens per row (None: the dataset's, `labkit.text.DEFAULT_SEQ_LENS`)
+    seq_len: int | None = option(None, _SEQ_LEN, needs=LANGUAGE, relation=_seq_len_fits)
+    # ``pad`` (to the batch's longest row), ``pad_max`` (to seq_len), ``pack`` (end to end)
+    packing: str = option("pad", one_of(PACKINGS), needs=LANGUAGE)
+    # ``sdpa`` (PyTorch's fused attention) or ``eager`` (softmax(QK^T) written out)
+    attn_implementation: str = option("sdpa", one_of(ATTN_IMPLEMENTATIONS), needs=LANGUAGE)
+    # the output layer and the loss over this many slices of the sequence (None: one)
+    loss_chunks: int | None = option(None, needs=LANGUAGE, relation=lambda name, cfg: check_loss_chunks(
+        cfg.loss_chunks, text.resolve_seq_len(cfg.dataset, cfg.seq_len)))
+    # torch.compile the decoder layers (compile time reported apart: RunResult.compile_time_s)
+    compile: bool = option(False, flag, needs=LANGUAGE,
+                           relation=lambda name, cfg: check_compile(cfg.compile, cfg.packing))
 
-    def __post_init__(self):
-        if self.model not in models.available() + models.language_models():
-            raise ConfigError("model", self.model, f"one of {models.available() + models.language_models()}")
-        if self.dataset not in data.available() + text.available():
-            raise ConfigError("dataset", self.dataset, f"one of {data.available() + text.available()}")
-        for name in ("batch_size", "epochs", "grad_accum"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ConfigError(name, value, "a positive integer (1, 2, 3, ...)")
-        for name in ("max_steps", "train_size"):
-            value = getattr(self, name)
-            if value is not None and (not is_int(value) or value < 1):
-                raise ConfigError(name, value, "None or a positive integer")
-        if self.image_size is not None and (not is_int(self.image_size) or self.image_size < 16):
-            raise ConfigError("image_size", self.image_size,
-                              "None (the dataset's own size) or an integer >= 16 (images are resized to it)")
-        if self.batch_size % self.grad_accum:
-            raise ConfigError("grad_accum", self.grad_accum,
-                              f"a divisor of batch_size={self.batch_size} (each micro-batch is "
-                              "batch_size / grad_accum samples)")
-        check_choice("precision", self.precision, PRECISIONS)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        if not is_number(self.lr) or not self.lr > 0:
-            raise ConfigError("lr", self.lr, "a finite number > 0")
-        if not is_int(self.lr_warmup_steps) or self.lr_warmup_steps < 0:
-            raise ConfigError("lr_warmup_steps", self.lr_warmup_steps, "an integer >= 0 (0: no warm-up)")
-        for name in ("weight_decay", "momentum"):
-            value = getattr(self, name)
-            if not is_number(value) or value < 0:
-                raise ConfigError(name, value, "a finite number >= 0")
-        if self.grad_clip is not None and (not is_number(self.grad_clip) or not self.grad_clip > 0):
-            raise ConfigError("grad_clip", self.grad_clip, "None or a finite number > 0")
-        if not is_int(self.seed) or self.seed < 0:
-            raise ConfigError("seed", self.seed, "an integer >= 0")
-        if not isinstance(self.device, str) or not (
-            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")
-        ):
-            raise ConfigError("device", self.device, DEVICES_HINT)
-        for name in ("pretrained", "tf32", "channels_last", "evaluate"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, getattr(self, name), "True or False")
-        # Nothing is silently ignored: a field that would have no effect is an error.
-        if self.max_steps is not None and self.epochs != 1:
-            raise ConfigError("epochs", self.epochs, "1 (the default) when max_steps is set",
-                              f"max_steps={self.max_steps} decides the length of the run; set one of the two")
-        if self.optimizer != "sgd" and self.momentum != 0.9:
-            raise ConfigError("momentum", self.momentum, "0.9 (the default) unless optimizer='sgd'",
-                              f"{self.optimizer} has no momentum setting")
-        if not isinstance(self.checkpointing, bool) and not (is_int(self.checkpointing) and self.checkpointing >= 1):
-            raise ConfigError("checkpointing", self.checkpointing,
-                              "False, True (every block its own segment) or an integer >= 1 (the number of "
-                              "checkpointed segments)", "checkpointing=False turns it off")
-        if is_int(self.checkpointing) and not models.is_language_model(self.model):  # the LM's: _check_language
-            blocks = models.block_names(self.model)
-            if self.checkpointing > len(blocks):
-                raise ConfigError("checkpointing", self.checkpointing,
-                                  f"False, True or 1 to {len(blocks)}: {self.model} has {len(blocks)} blocks "
-                                  f"({', '.join(blocks)}), and a segment holds at least one")
-        if self.freeze is not None:
-            check_choice("freeze", self.freeze, FREEZE_LEVELS, "None or one of", "('head_only': only the head trains)")
-        self._check_lora()
-        self._check_inference()
-        self._check_language()
-
-    def _check_language(self) -> None:
-        """The language-model fields; on a vision run they must keep their defaults (they would do nothing)."""
-        if self.optimizer_impl is not None:
-            check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS, "None (torch's default) or one of")
-            if self.optimizer in EIGHT_BIT_OPTIMIZERS:
-                raise ConfigError("optimizer_impl", self.optimizer_impl, f"None with optimizer={self.optimizer!r}",
-                                  "bitsandbytes' 8-bit optimizers have their own kernels")
-        language = models.is_language_model(self.model)
-        if language != (self.dataset in text.available()):
-            allowed = text.available() if language else data.available()
-            kind = "a language model" if language else "a vision model"
-            raise ConfigError("dataset", self.dataset, f"one of {allowed}: {self.model} is {kind}")
-        defaults = {"seq_len": None, "packing": "pad", "attn_implementation": "sdpa", "loss_chunks": None,
-                    "compile": False}
-        if not language:
-            for name, default in defaults.items():
-                if getattr(self, name) != default:
-                    raise ConfigError(name, getattr(self, name), f"{default!r} (the default) for {self.model}, a "
-                                      f"vision model", f"it applies to the language models {models.language_models()}")
-            return
-        check_choice("packing", self.packing, PACKINGS)
-        check_choice("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
-        seq_len = text.resolve_seq_len(self.dataset, self.seq_len)
-        if seq_len > models.max_positions(self.model):
-            raise ConfigError("seq_len", self.seq_len, f"at most {models.max_positions(self.model)}, the longest "
-                              f"sequence {self.model} takes (max_position_embeddings)")
-        check_loss_chunks(self.loss_chunks, seq_len)
-        check_compile(self.compile, self.packing)
-        if self.checkpointing not in (False, True):
-            raise ConfigError("checkpointing", self.checkpointing, f"False or True for the language model "
-                              f"{self.model}", "True checkpoints every decoder layer (transformers' own "
-                              "per-layer checkpointing); it has no segments to count")
-        # Not on language models yet: refused rather than silently ignored.
-        for name, default in {"prune_amount": None, "quantize": None, "channels_last": False,
-                              "image_size": None}.items():
-            if getattr(self, name) != default:
-                raise ConfigError(name, getattr(self, name), f"{default!r} for the language model {self.model}",
-                                  "labkit prunes and quantizes the vision models only, for now")
-
-    def _check_inference(self) -> None:
-        """The fields that turn the trained model into the one deployed (pruned, quantized)."""
-        if self.prune_amount is not None and (not is_number(self.prune_amount) or not 0 < self.prune_amount < 1):
-            raise ConfigError("prune_amount", self.prune_amount, "None (no pruning) or a share in (0, 1), e.g. 0.5")
-        if not isinstance(self.prune_structured, bool):
-            raise ConfigError("prune_structured", self.prune_structured, "True or False")
-        if self.prune_structured and self.prune_amount is None:
-            raise ConfigError("prune_structured", self.prune_structured, "False (the default) unless prune_amount "
-                              "is set", "prune_amount says how many channels to remove")
-        if self.quantize is not None:
-            check_choice("quantize", self.quantize, [*QUANTIZE_METHODS, *SIMULATED_METHODS],
-                         "None (no quantization) or one of")
-        keep = self.quantize_keep_float
-        if isinstance(keep, str):
-            keep = (keep,)
-        if not isinstance(keep, (list, tuple)) or not all(isinstance(k, str) and k for k in keep):
-            raise ConfigError("quantize_keep_float", keep, "a list of module names or layer types (e.g. ['head'])")
-        object.__setattr__(self, "quantize_keep_float", tuple(keep))
-        if keep and self.quantize is None:
-            raise ConfigError("quantize_keep_float", list(keep), "[] (the default) unless quantize is set",
-                              "without quantize nothing is quantized, so nothing is kept in float")
-
-    def _check_lora(self) -> None:
-        targets = lora_targets(self.lora_targets, "lora_targets")
-        if not isinstance(self.lora_targets, str):  # YAML gives a list; a frozen config keeps a tuple
-            object.__setattr__(self, "lora_targets", targets)
-        if self.lora_rank is None:
-            for name, default in LORA_DEFAULTS.items():
-                if getattr(self, name) != default:
-                    raise ConfigError(name, getattr(self, name), f"{default!r} (the default) unless lora_rank is set",
-                                      "without lora_rank there are no LoRA adapters for it to change")
-            return
-        if not is_int(self.lora_rank) or self.lora_rank < 1:
-            raise ConfigError("lora_rank", self.lora_rank, "None (no LoRA) or a positive integer (1, 2, 4, 8, ...)")
-        check_lora(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_targets,
-                   fields=("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"))
-        if self.freeze not in (None, "none"):
-            raise ConfigError("freeze", self.freeze, "None when lora_rank is set",
-                              "LoRA already freezes everything but its adapters and the head")
+    def __init__(self, **values):
+        for name, value in {**defaults(type(self)), **canonical(values, "RunConfig")}.items():
+            object.__setattr__(self, name, value)
+        apply(self)
 
     def replace(self, **changes) -> RunConfig:
         """A copy with ``changes`` applied (and validated). Unknown names raise `ConfigError`."""
-        check_keys(changes, "RunConfig")
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **canonical(changes, "RunConfig", self.grad_accum))
 
     def to_dict(self) -> dict:
         """The fields as plain values (a tuple as a list, as JSON and YAML give it back)."""
@@ -285,8 +277,17 @@ class RunConfig:
         """Build from a mapping; unknown keys are an error, never ignored."""
         if not isinstance(values, dict):
             raise ConfigError(source, values, "a mapping of RunConfig fields (key: value)")
-        check_keys(values, source)
-        return cls(**values)
+        return cls(**canonical(values, source))
+
+
+LORA_DEFAULTS = defaults(RunConfig, LORA)  # what lora_alpha, lora_targets and lora_dropout are without lora_rank
+# The names the Hugging Face Trainer, TRL and PEFT give RunConfig's fields. ``per_device_train_batch_size`` is a
+# micro-batch there (`canonical`); ``optim`` takes their optimizer names (`OPTIM_NAMES`).
+ALIASES = {"max_length": "seq_len", "max_seq_length": "seq_len", "gradient_accumulation_steps": "grad_accum",
+           "gradient_checkpointing": "checkpointing", "target_modules": "lora_targets", "optim": "optimizer",
+           "learning_rate": "lr", "num_train_epochs": "epochs", "max_grad_norm": "grad_clip",
+           "warmup_steps": "lr_warmup_steps", "r": "lora_rank", "per_device_train_batch_size": "batch_size"}
+PRECISION_FLAGS = ("bf16", "fp16")  # the HF Trainer's ``bf16: true`` / ``fp16: true``
 
 
 def workload(prof=None) -> dict:
@@ -336,53 +337,46 @@ def field_names() -> list[str]:
 
 
 def check_keys(values, source: str) -> None:
-    """Raise `ConfigError` naming each key of ``values`` that is not a `RunConfig` field."""
+    """Raise `ConfigError` naming each key of ``values`` that is neither a `RunConfig` field nor an alias of one."""
     names = field_names()
+    known = [*names, *ALIASES, *PRECISION_FLAGS]
     for key in values:
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{source} key", key, f"a RunConfig field ({', '.join(names)})", hint)
+            raise ConfigError(f"{source} key", key, f"a RunConfig field ({', '.join(names)}) or an alias of one "
+                              f"({', '.join(ALIASES)}, bf16, fp16)", hint)
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-3`` (no dot) as a string; a lab config means the number."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$|" r"^[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?$|"
-               r"^[-+]?[0-9][0-9_]*\.[0-9_]*$"),
-    list("-+0123456789."),
-)
-
-
-def parse_yaml(text: str, source: str):
-    """Parse YAML text, reading ``1e-3`` as a float; a syntax error becomes a `ConfigError` naming ``source``."""
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, text if len(text) < 60 else text[:57] + "...", "valid YAML", str(exc)) from exc
-
-
-def load_config(path: str | Path) -> RunConfig:
-    """Load a `RunConfig` from a YAML mapping; unknown keys and non-mappings raise `ConfigError`.
+def canonical(values: dict, source: str, grad_accum: int = 1) -> dict:
+    """``values`` in RunConfig's own names: every alias (`ALIASES`) renamed, transformers' ``optim`` names and
+    ``bf16``/``fp16`` flags turned into ``optimizer``/``optimizer_impl`` and ``precision``, and
+    ``per_device_train_batch_size`` (a micro-batch) into ``batch_size`` = it x ``grad_accum`` (``grad_accum``: the
+    value when ``values`` has none). Two names for one field are an error.
 
     Example:
-        >>> cfg = labkit.load_config("recipe.yaml")
+        >>> canonical({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 8, "optim": "adamw_8bit"}, "x")
+        {'batch_size': 32, 'grad_accum': 8, 'optimizer': 'adamw8bit'}
     """
-    path = Path(path)
-    loaded = parse_yaml(path.read_text(), path.name)
-    if loaded is None:
-        loaded = {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path.name}", type(loaded).__name__,
-                          "a YAML mapping of RunConfig fields (e.g. 'batch_size: 64')")
-    return RunConfig.from_dict(loaded, source=path.name)
-
-
-def save_config(cfg: RunConfig, path: str | Path) -> Path:
-    """Write ``cfg`` as YAML; `load_config` reads it back unchanged."""
-    path = Path(path)
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    return path
+    check_keys(values, source)
+    kept, named = {}, {}
+    for key, value in values.items():
+        name = ALIASES.get(key, "precision" if key in PRECISION_FLAGS else key)
+        if key in PRECISION_FLAGS:
+            if not isinstance(value, bool):
+                raise ConfigError(key, value, f"True or False (True: precision='{key}')")
+            if not value:
+                continue
+            value = key
+        if name in kept:
+            raise ConfigError(f"{source} key", key, f"one name for {name}: {named[name]!r} names it too")
+        kept[name], named[name] = value, key
+    if named.get("batch_size") == "per_device_train_batch_size" and is_int(kept["batch_size"]):
+        kept["batch_size"] *= kept.get("grad_accum", grad_accum) if is_int(kept.get("grad_accum", 1)) else 1
+    optimizer = kept.get("optimizer")
+    if isinstance(optimizer, str) and optimizer in OPTIM_NAMES:
+        kept["optimizer"], impl = OPTIM_NAMES[optimizer]
+        if impl is not None and kept.setdefault("optimizer_impl", impl) != impl:
+            raise ConfigError("optimizer_impl", kept["optimizer_impl"], f"{impl!r} or unset with "
+                              f"{named['optimizer']}={optimizer!r}, which names the {impl} kernel")
+    return kept

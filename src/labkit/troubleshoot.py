@@ -30,7 +30,8 @@ import torch
 
 from . import config, evaluation, machine, measure, models, text, train
 from .capacity.lm_memory import lm_training_memory
-from .config import RunConfig, load_config
+from .config import RunConfig
+from .configfile import load_config
 from .env import profile, resolve_device
 from .errors import ConfigError, DistributedError, NonFiniteLossError, UnsupportedError
 from .labs.distributed import launch

@@ -9,7 +9,8 @@ import torch
 
 import labkit
 from labkit import results
-from labkit.config import RunConfig, parse_yaml
+from labkit.config import RunConfig
+from labkit.configfile import parse_yaml
 from labkit.errors import ConfigError
 from labkit.labs import lora as lab
 from labkit.techniques import lora

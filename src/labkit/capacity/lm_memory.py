@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..choices import ATTN_IMPLEMENTATIONS, check_choice
 from ..errors import ConfigError
 from ..models.hub import HUB_MODELS, DecoderShape, built_shape
 from ..models.language import LANGUAGE_MODELS
@@ -129,8 +130,7 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
         raise ConfigError("method", method, f"one of {list(METHODS)}")
     if precision not in _HALF:
         raise ConfigError("precision", precision, f"one of {list(_HALF)} (bf16/fp16: autocast)")
-    if attn_implementation not in ("sdpa", "eager"):
-        raise ConfigError("attn_implementation", attn_implementation, "'sdpa' or 'eager'")
+    check_choice("attn_implementation", attn_implementation, ATTN_IMPLEMENTATIONS)
     for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch)):
         if not is_int(value) or value < 1:
             raise ConfigError(name, value, "a positive integer")

@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from ...choices import ATTN_IMPLEMENTATIONS
 from ...display import number
 from ...errors import ConfigError
 from ...measure import separated
@@ -18,7 +19,7 @@ from ...train import fit
 from ...units import mib
 from .throughput import lm_config
 
-IMPLEMENTATIONS = ("sdpa", "eager")
+IMPLEMENTATIONS = ATTN_IMPLEMENTATIONS
 
 
 def probabilities_bytes(rows: int, seq_len: int, model: str = "tiny_llama", dtype_bytes: int = 4) -> int:
@@ -90,7 +91,8 @@ def attention_finding(frame: pd.DataFrame) -> str:
     last = frame.iloc[-1]
     power = growth_exponent(frame)
     shape = "about quadratically" if 1.6 <= power <= 2.6 else "not quadratically"
-    order = separated(*((last[f"{i}_step_time_p10_s"], last[f"{i}_step_time_p90_s"]) for i in ("eager", "sdpa")))
+    spreads = {i: (last[f"{i}_step_time_p10_s"], last[f"{i}_step_time_p90_s"]) for i in IMPLEMENTATIONS}
+    order = separated(spreads["eager"], spreads["sdpa"])
     time = {None: "no timing spread measured", 0: "step times within the noise", 1: "eager slower",
             -1: "eager faster"}[order]
     ratio = last["eager_step_time_s"] / last["sdpa_step_time_s"]

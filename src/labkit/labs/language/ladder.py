@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ... import results
+from ... import results, text
 from ...config import RunConfig
 from ...display import number
 from ...env import resolve_device
@@ -32,7 +32,7 @@ def ladder_configs(cfg: RunConfig, precision: str = "auto", loss_chunks: int = 4
             resolved here: where it is fp32 the rung is the baseline's run, and the finding says so.
         loss_chunks: the last rung's chunked cross-entropy (a divisor of the sequence length).
     """
-    if cfg.dataset not in ("digits_source", "digits_sort", "pydoc_text"):
+    if cfg.dataset not in text.available():
         raise ConfigError("cfg.dataset", cfg.dataset, "a language-model dataset (the ladder climbs a language model)")
     base = cfg.replace(precision="fp32", attn_implementation="eager", packing="pad_max", optimizer_impl="forloop",
                        compile=False, checkpointing=False, loss_chunks=None)

@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from ... import measure, text
+from ...choices import PACKINGS
 from ...display import number
 from ...errors import ConfigError
 from ...messages import worded
@@ -18,7 +19,7 @@ from ...train import fit
 from .throughput import lm_config
 
 
-def packing_runs(packings=("pad", "pad_max", "pack"), rounds: int = 2, seq_len: int = 128, batch_size: int = 4,
+def packing_runs(packings=PACKINGS, rounds: int = 2, seq_len: int = 128, batch_size: int = 4,
                  progress: bool = False, refresh: bool = False, **fields) -> pd.DataFrame:
     """Each packing run ``rounds`` times, interleaved (each round in a rotated order), the timed steps pooled (cached).
 

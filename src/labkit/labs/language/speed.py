@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from ... import measure
+from ...choices import OPTIMIZER_IMPLS
 from ...config import RunConfig
 from ...display import number
 from ...env import profile, resolve_device
@@ -18,7 +19,6 @@ from ...techniques.optimizers import build_optimizer
 from ...units import mib
 from ...workloads import lm_speed_config, lm_speed_model
 
-OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 _ORDER_WORDS = {None: "no timing spread measured", 0: "within the noise", 1: "slower", -1: "faster"}
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from ... import config, measure, results, train
-from ...config import RunConfig, load_config, parse_yaml
+from ...config import RunConfig
+from ...configfile import load_config, parse_yaml
 from ...env import Profile, profile
 from ...errors import ConfigError
 from ...measure import separated
