@@ -137,6 +137,7 @@ def install() -> None:
     # imported by name by the kinds (`labkit.kinds`) and the labs (pruning's sensitivity scans, ...): every copy
     _replace(evaluation.evaluate, recorded_eval(evaluation.evaluate))
     _replace(evaluation.evaluate_tokens, recorded_eval(evaluation.evaluate_tokens))
+    _replace(evaluation.score_tokens, recorded_eval(evaluation.score_tokens))
     _replace(latencies, recorded_latencies)
     _replace(launch, recorded_launch)
 

@@ -20,10 +20,13 @@ os.environ["LABKIT_DATA_DIR"] = tempfile.mkdtemp(prefix="labkit-test-data-")
 
 @pytest.fixture(autouse=True)
 def fresh_notes():
-    """Each test starts as a new session would: no labkit note shown yet."""
+    """Each test starts as a new session would: no labkit note shown yet, no model's tokenizer loaded (a test may
+    fake one)."""
     from labkit import messages
+    from labkit.kinds import language
 
     messages.forget_notes()
+    language.forget_tokenizers()
 
 
 @pytest.fixture

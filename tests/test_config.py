@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 import labkit
-from labkit import choices, config, models, text
+from labkit import choices, config, fieldchecks, models, text
 from labkit.config import baseline
 from labkit.configfile import load_config, save_config
 from labkit.errors import ConfigError
@@ -139,7 +139,8 @@ def test_aliases_refuse_two_names_for_one_field(values, match):
 def test_each_field_states_its_check_and_what_it_depends_on_where_it_is_declared():
     described = {f.name: f.metadata for f in fields(labkit.RunConfig)}
     assert all("check" in meta for meta in described.values())  # declared with `option`, none left bare
-    assert described["lora_alpha"]["needs"] is config.LORA and described["seq_len"]["needs"] is config.LANGUAGE
+    assert described["lora_alpha"]["needs"] is fieldchecks.LORA
+    assert described["seq_len"]["needs"] is fieldchecks.LANGUAGE
     assert config.LORA_DEFAULTS == {"lora_alpha": 16.0, "lora_targets": "all-linear", "lora_dropout": 0.0}
 
 

@@ -30,7 +30,7 @@ def test_plan_mode_is_fulls_sizes_and_steps_with_shrunk_models(monkeypatch):
     assert plan.dataset == "shapes10"  # offline, in CIFAR-10's place
 
 
-WRAPPED = (evaluation.evaluate, evaluation.evaluate_tokens, inference.latencies, jobs.launch)
+WRAPPED = (evaluation.evaluate, evaluation.evaluate_tokens, evaluation.score_tokens, inference.latencies, jobs.launch)
 
 
 def _install(tmp_path, monkeypatch) -> Path:

@@ -121,12 +121,13 @@ def test_a_pretrained_hub_model_gets_digits_sort_in_its_own_tokens_and_its_weigh
 
 
 def test_digits_sort_falls_back_to_the_characters_without_the_hub_tokenizer(monkeypatch, capsys, fresh_text_splits):
-    offline = train_lm.text_splits("digits_sort", 8, 4, 4, 32, "smollm2_135m")  # $LABKIT_OFFLINE=1: no download
+    cfg = labkit.RunConfig(model="smollm2_135m", dataset="digits_sort", batch_size=2, train_size=8)
+    offline = labkit.train.run_splits(cfg)  # $LABKIT_OFFLINE=1: no download
     assert offline["train"].tokenizer.name == "chars" and capsys.readouterr().out == ""
     monkeypatch.setattr(models, "hub_tokenizer", lambda name: (None, "its tokenizer could not be downloaded"))
     monkeypatch.setattr(models, "is_online", lambda: True)
     train_lm.text_splits.cache_clear()  # the same arguments again
-    failed = train_lm.text_splits("digits_sort", 8, 4, 4, 32, "smollm2_135m")
+    failed = labkit.train.run_splits(cfg)
     assert failed["train"].tokenizer.name == "chars"
     assert all(torch.equal(a, b) for a, b in zip(failed["train"].input_ids, offline["train"].input_ids, strict=True))
     assert " ".join(capsys.readouterr().out.split()) == ("labkit note: digits_sort is tokenized by labkit's character "

@@ -40,8 +40,10 @@ def _cmd_env(args) -> int:
 
 # What `labkit run` and `labkit sweep` show, in display units; the JSON line (and --csv) has every field.
 RUN_COLUMNS = ("model", "dataset", "precision_used", "batch_size", "steps", "step_time_s", "throughput",
-               "peak_memory_bytes", "accuracy", "model_size_bytes", "achieved_flops", "mfu", "error")
+               "tokens_per_s", "real_tokens_per_s", "pad_fraction", "peak_memory_bytes", "accuracy", "test_loss",
+               "perplexity", "model_size_bytes", "achieved_flops", "mfu", "error")
 SWEEP_METRICS = ("step_time_s", "throughput", "peak_memory_bytes", "accuracy")
+LM_SWEEP_METRICS = ("step_time_s", "tokens_per_s", "peak_memory_bytes", "test_loss")  # language models
 
 
 def _cmd_run(args) -> int:
@@ -57,7 +59,9 @@ def _cmd_sweep(args) -> int:
     axes = _parse_set(args.set or [])
     frame = sweep(cfg, refresh=args.refresh, **axes)
     failed = "error" in frame and frame["error"].notna().any()
-    columns = [*(ALIASES.get(axis, axis) for axis in axes), *SWEEP_METRICS, *(["error"] if failed else [])]
+    language = "tokens_per_s" in frame and frame["tokens_per_s"].notna().any()
+    metrics = LM_SWEEP_METRICS if language else SWEEP_METRICS
+    columns = [*(ALIASES.get(axis, axis) for axis in axes), *metrics, *(["error"] if failed else [])]
     print(text_table(frame, columns[:MAX_TABLE_COLUMNS]))  # at most 7 axes and metrics: --csv has them all
     if args.csv:
         frame.to_csv(args.csv, index=False)

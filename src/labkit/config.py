@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from . import data, downloads, models, text
+from . import downloads
+from . import fieldchecks as checks
 from .choices import (
     ATTN_IMPLEMENTATIONS,
-    EIGHT_BIT_OPTIMIZERS,
     FREEZE_LEVELS,
     LORA_ALL_LINEAR,
     OPTIMIZER_IMPLS,
@@ -37,14 +36,11 @@ from .choices import (
     QUANTIZE_METHODS,
     SIMULATED_METHODS,
     check_compile,
-    check_lora,
     check_loss_chunks,
-    lora_targets,
 )
 from .env import profile
 from .errors import ConfigError
 from .fieldspec import (
-    Needs,
     apply,
     defaults,
     flag,
@@ -58,124 +54,12 @@ from .fieldspec import (
     positive_int,
 )
 from .messages import note
-from .validate import is_int, is_number
+from .text.records import LOSS_ON
+from .validate import is_int
 
 # Each choice's values and check live in `labkit.choices`, which the techniques import too.
 __all__ = ["ALIASES", "FREEZE_LEVELS", "LORA_ALL_LINEAR", "LORA_DEFAULTS", "OPTIMIZERS", "PRECISIONS", "RunConfig",
            "baseline", "canonical", "check_keys", "field_names", "workload"]
-
-
-def _is_language(cfg) -> bool:
-    return models.is_language_model(cfg.model)
-
-
-# What a field depends on (`labkit.fieldspec.Needs`): where it does not hold, the field keeps its default.
-LANGUAGE = Needs(_is_language, "(the default) for {model}, a vision model",
-                 f"it applies to the language models {models.language_models()}")
-VISION = Needs(lambda cfg: not _is_language(cfg), "for the language model {model}",
-               "labkit prunes and quantizes the vision models only, for now")
-LORA = Needs(lambda cfg: cfg.lora_rank is not None, "(the default) unless lora_rank is set",
-             "without lora_rank there are no LoRA adapters for it to change")
-SGD = Needs(lambda cfg: cfg.optimizer == "sgd", "(the default) unless optimizer='sgd'",
-            "{optimizer} has no momentum setting")
-EPOCHS = Needs(lambda cfg: cfg.max_steps is None, "(the default) when max_steps is set",
-               "max_steps={max_steps} decides the length of the run; set one of the two")
-PRUNED = Needs(lambda cfg: cfg.prune_amount is not None, "(the default) unless prune_amount is set",
-               "prune_amount says how many channels to remove")
-QUANTIZED = Needs(lambda cfg: cfg.quantize is not None, "(the default) unless quantize is set",
-                  "without quantize nothing is quantized, so nothing is kept in float")
-
-
-_LORA_RANK = int_at_least(1, "None (no LoRA) or a positive integer (1, 2, 4, 8, ...)", optional=True)
-_IMAGE_SIZE = int_at_least(16, "None (the dataset's own size) or an integer >= 16 (images are resized to it)",
-                           optional=True)
-_SEQ_LEN = int_at_least(2, "None (the dataset's default) or an integer >= 2 (tokens per row)", optional=True)
-
-
-def _model(name: str, value):
-    return one_of(models.available() + models.language_models())(name, value)
-
-
-def _dataset(name: str, value):
-    return one_of(data.available() + text.available())(name, value)
-
-
-def _dataset_fits_model(name: str, cfg) -> None:
-    language = _is_language(cfg)
-    if language != (cfg.dataset in text.available()):
-        allowed = text.available() if language else data.available()
-        kind = "a language model" if language else "a vision model"
-        raise ConfigError(name, cfg.dataset, f"one of {allowed}: {cfg.model} is {kind}")
-
-
-def _divides_batch(name: str, cfg) -> None:
-    if cfg.batch_size % cfg.grad_accum:
-        raise ConfigError(name, cfg.grad_accum, f"a divisor of batch_size={cfg.batch_size} (each micro-batch is "
-                          "batch_size / grad_accum samples)")
-
-
-def _device(name: str, value):
-    if not isinstance(value, str) or not (value in ("auto", "cpu", "cuda") or value.startswith("cuda:")):
-        raise ConfigError(name, value, "'auto', 'cpu', 'cuda' or 'cuda:N'")
-    return value
-
-
-def _checkpointing(name: str, value):
-    if not isinstance(value, bool) and not (is_int(value) and value >= 1):
-        raise ConfigError(name, value, "False, True (every block its own segment) or an integer >= 1 (the number of "
-                          "checkpointed segments)", "checkpointing=False turns it off")
-    return value
-
-
-def _segments_fit(name: str, cfg) -> None:
-    """A vision model's segments, at most its blocks; a language model's: every decoder layer or none."""
-    value = cfg.checkpointing
-    if _is_language(cfg) and value not in (False, True):
-        raise ConfigError(name, value, f"False or True for the language model {cfg.model}", "True checkpoints every "
-                          "decoder layer (transformers' own per-layer checkpointing); it has no segments to count")
-    if is_int(value) and not _is_language(cfg) and value > len(blocks := models.block_names(cfg.model)):
-        raise ConfigError(name, value, f"False, True or 1 to {len(blocks)}: {cfg.model} has {len(blocks)} blocks "
-                          f"({', '.join(blocks)}), and a segment holds at least one")
-
-
-def _not_with_lora(name: str, cfg) -> None:
-    if cfg.freeze not in (None, "none") and cfg.lora_rank is not None:
-        raise ConfigError(name, cfg.freeze, "None when lora_rank is set",
-                          "LoRA already freezes everything but its adapters and the head")
-
-
-def _lora_targets(name: str, value):
-    targets = lora_targets(value, name)
-    return value if isinstance(value, str) else targets  # YAML gives a list; a frozen config keeps a tuple
-
-
-def _lora_part(part: int) -> Callable:
-    """LoRA's own check (`labkit.choices.check_lora`) of one of its settings: 1 alpha, 2 dropout."""
-    def check(name: str, value):
-        settings = [1, 16.0, 0.0, LORA_ALL_LINEAR]
-        settings[part] = value
-        check_lora(*settings, fields=("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"))
-        return value
-    return check
-
-
-def _share(name: str, value):
-    if value is not None and (not is_number(value) or not 0 < value < 1):
-        raise ConfigError(name, value, "None (no pruning) or a share in (0, 1), e.g. 0.5")
-    return value
-
-
-def _not_eight_bit(name: str, cfg) -> None:
-    if cfg.optimizer_impl is not None and cfg.optimizer in EIGHT_BIT_OPTIMIZERS:
-        raise ConfigError(name, cfg.optimizer_impl, f"None with optimizer={cfg.optimizer!r}",
-                          "bitsandbytes' 8-bit optimizers have their own kernels")
-
-
-def _seq_len_fits(name: str, cfg) -> None:
-    seq_len = text.resolve_seq_len(cfg.dataset, cfg.seq_len)
-    if seq_len > models.max_positions(cfg.model):
-        raise ConfigError(name, cfg.seq_len, f"at most {models.max_positions(cfg.model)}, the longest sequence "
-                          f"{cfg.model} takes (max_position_embeddings)")
 
 
 # transformers' ``optim`` names -> (optimizer, optimizer_impl); labkit's own names stand for themselves
@@ -198,8 +82,9 @@ class RunConfig:
         64
     """
 
-    model: str = option("small_cnn", _model)  # a name from ``labkit.models.available()`` (or language_models())
-    dataset: str = option("shapes10", _dataset, relation=_dataset_fits_model)  # ``labkit.data/text.available()``
+    model: str = option("small_cnn", checks.model)  # a name from ``labkit.models.available()`` (or language_models())
+    # ``labkit.data/text.available()``, a data file, hf:ORG/NAME, an image folder or "given" (fit(cfg, data=...))
+    dataset: str = option("shapes10", checks.dataset, relation=checks.dataset_fits_model)
     batch_size: int = option(64, positive_int)  # samples per optimizer step (split into ``grad_accum`` micro-batches)
     precision: str = option("fp32", one_of(PRECISIONS))  # fp32, fp16 (autocast + GradScaler), bf16 (autocast), auto
     # adamw, sgd, adamw8bit or paged_adamw8bit (see the module), or transformers' name for one (`OPTIM_NAMES`)
@@ -208,56 +93,62 @@ class RunConfig:
     # linear learning-rate warm-up over this many optimizer steps; 0: none
     lr_warmup_steps: int = option(0, int_at_least(0, "an integer >= 0 (0: no warm-up)"))
     weight_decay: float = option(0.0, number_at_least(0))  # the optimizer's weight decay
-    momentum: float = option(0.9, number_at_least(0), needs=SGD)  # SGD's momentum (the only optimizer with one)
-    epochs: int = option(1, positive_int, needs=EPOCHS)  # passes over the training set, unless ``max_steps`` is set
+    momentum: float = option(0.9, number_at_least(0), needs=checks.SGD)  # SGD's momentum (the only optimizer with one)
+    epochs: int = option(1, positive_int, needs=checks.EPOCHS)  # passes over the training set, unless max_steps
     max_steps: int | None = option(None, optional_positive_int)  # train exactly this many optimizer steps
-    grad_accum: int = option(1, positive_int, relation=_divides_batch)  # micro-batches per optimizer step
+    grad_accum: int = option(1, positive_int, relation=checks.divides_batch)  # micro-batches per optimizer step
     grad_clip: float | None = option(None, number_above(0, optional=True))  # clip the gradient norm (None: no)
     # gradient checkpointing: False, True (every block) or a number of segments (vision models)
-    checkpointing: bool | int = option(False, _checkpointing, relation=_segments_fit)
+    checkpointing: bool | int = option(False, checks.checkpointing, relation=checks.segments_fit)
     # None/``none``, ``light``, ``medium``, ``heavy`` or ``head_only``
     freeze: str | None = option(None, one_of(FREEZE_LEVELS, optional=True, note="('head_only': only the head trains)"),
-                                relation=_not_with_lora)
-    lora_rank: int | None = option(None, _LORA_RANK)  # train LoRA adapters of this rank instead of the model
-    lora_alpha: float = option(16.0, _lora_part(1), needs=LORA)  # the LoRA update's scale is lora_alpha / lora_rank
+                                relation=checks.not_with_lora)
+    lora_rank: int | None = option(None, checks.LORA_RANK)  # train LoRA adapters of this rank instead of the model
+    lora_alpha: float = option(16.0, checks.lora_part(1), needs=checks.LORA)  # the update's scale: lora_alpha / rank
     # the Linear layers LoRA adapts: name suffixes (``["qkv"]`` on ``tiny_vit``) or ``"all-linear"`` (all but the head)
-    lora_targets: tuple[str, ...] | str = option(LORA_ALL_LINEAR, _lora_targets, needs=LORA)
-    lora_dropout: float = option(0.0, _lora_part(2), needs=LORA)  # dropout on the LoRA path's input
+    lora_targets: tuple[str, ...] | str = option(LORA_ALL_LINEAR, checks.lora_target_names, needs=checks.LORA)
+    lora_dropout: float = option(0.0, checks.lora_part(2), needs=checks.LORA)  # dropout on the LoRA path's input
     # after training, prune this share of the weights for inference (None: no)
-    prune_amount: float | None = option(None, _share, needs=VISION)
+    prune_amount: float | None = option(None, checks.share, needs=checks.VISION)
     # remove whole conv output channels instead of zeroing single weights
-    prune_structured: bool = option(False, flag, needs=PRUNED)
+    prune_structured: bool = option(False, flag, needs=checks.PRUNED)
     # after training (and pruning), quantize a copy for inference with this method
     quantize: str | None = option(None, one_of([*QUANTIZE_METHODS, *SIMULATED_METHODS], optional=True,
-                                               what="None (no quantization) or one of"), needs=VISION)
+                                               what="None (no quantization) or one of"), needs=checks.VISION)
     # module names (``"stem"``, ``"head"``) or layer types (``"LayerNorm"``) that quantization leaves in float
     quantize_keep_float: tuple[str, ...] = option(
-        (), names("a list of module names or layer types (e.g. ['head'])"), needs=QUANTIZED, shown="[]")
+        (), names("a list of module names or layer types (e.g. ['head'])"), needs=checks.QUANTIZED, shown="[]")
     seed: int = option(0, int_at_least(0, "an integer >= 0"))  # seeds data order, initialisation and augmentation
-    device: str = option("auto", _device)  # ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
+    device: str = option("auto", checks.device)  # ``auto``, ``cpu``, ``cuda`` or ``cuda:N``
     pretrained: bool = option(True, flag)  # start from pretrained weights (ImageNet online, labkit's own offline)
     train_size: int | None = option(None, optional_positive_int)  # training samples; None takes the profile's size
     tf32: bool = option(False, flag)  # allow TF32 for float32 matmuls/convolutions on Ampere+ (always set explicitly)
-    channels_last: bool = option(False, flag, needs=VISION)  # the channels_last memory format, model and inputs
+    channels_last: bool = option(False, flag, needs=checks.VISION)  # the channels_last memory format, model and inputs
     evaluate: bool = option(True, flag)  # measure test accuracy after training
     # resize the inputs to this size on the device (None: the dataset's own)
-    image_size: int | None = option(None, _IMAGE_SIZE, needs=VISION)
+    image_size: int | None = option(None, checks.IMAGE_SIZE, needs=checks.VISION)
     # torch.optim's kernels: ``forloop``, ``foreach``, ``fused`` (None: torch's pick)
     optimizer_impl: str | None = option(None, one_of(OPTIMIZER_IMPLS, optional=True,
-                                                     what="None (torch's default) or one of"), relation=_not_eight_bit)
+                                                     what="None (torch's default) or one of"),
+                                    relation=checks.not_eight_bit)
     # language models only (a `labkit.models.language_models()` model on a `labkit.text.available()` dataset):
     # the most tokens per row (None: the dataset's, `labkit.text.DEFAULT_SEQ_LENS`)
-    seq_len: int | None = option(None, _SEQ_LEN, needs=LANGUAGE, relation=_seq_len_fits)
+    seq_len: int | None = option(None, checks.SEQ_LEN, needs=checks.LANGUAGE, relation=checks.seq_len_fits)
     # ``pad`` (to the batch's longest row), ``pad_max`` (to seq_len), ``pack`` (end to end)
-    packing: str = option("pad", one_of(PACKINGS), needs=LANGUAGE)
+    packing: str = option("pad", one_of(PACKINGS), needs=checks.LANGUAGE)
     # ``sdpa`` (PyTorch's fused attention) or ``eager`` (softmax(QK^T) written out)
-    attn_implementation: str = option("sdpa", one_of(ATTN_IMPLEMENTATIONS), needs=LANGUAGE)
+    attn_implementation: str = option("sdpa", one_of(ATTN_IMPLEMENTATIONS), needs=checks.LANGUAGE)
     # the output layer and the loss over this many slices of the sequence (None: one)
-    loss_chunks: int | None = option(None, needs=LANGUAGE, relation=lambda name, cfg: check_loss_chunks(
-        cfg.loss_chunks, text.resolve_seq_len(cfg.dataset, cfg.seq_len)))
+    loss_chunks: int | None = option(None, needs=checks.LANGUAGE, relation=lambda name, cfg: check_loss_chunks(
+        cfg.loss_chunks, checks.run_seq_len(cfg)))
     # torch.compile the decoder layers (compile time reported apart: RunResult.compile_time_s)
-    compile: bool = option(False, flag, needs=LANGUAGE,
+    compile: bool = option(False, flag, needs=checks.LANGUAGE,
                            relation=lambda name, cfg: check_compile(cfg.compile, cfg.packing))
+    # a learner's own text data: the loss on the ``completion``, the ``assistant`` turns or ``all`` tokens (None: the
+    # data's shape decides: completion for prompt/completion and Alpaca, assistant for chats, all for text)
+    loss_on: str | None = option(None, one_of(LOSS_ON, optional=True), needs=checks.OWN_TEXT)
+    # a learner's own text data: {shape's column: the data's}, e.g. {"prompt": "question", "completion": "answer"}
+    data_columns: tuple = option((), checks.columns, needs=checks.OWN_TEXT, shown="{}")
 
     def __init__(self, **values):
         for name, value in {**defaults(type(self)), **canonical(values, "RunConfig")}.items():
@@ -269,8 +160,9 @@ class RunConfig:
         return dataclasses.replace(self, **canonical(changes, "RunConfig", self.grad_accum))
 
     def to_dict(self) -> dict:
-        """The fields as plain values (a tuple as a list, as JSON and YAML give it back)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        """The fields as plain values (a tuple as a list, column pairs as a mapping, as JSON and YAML give it back)."""
+        values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return {**values, "data_columns": dict(self.data_columns)}
 
     @classmethod
     def from_dict(cls, values: dict, source: str = "RunConfig") -> RunConfig:
@@ -280,7 +172,7 @@ class RunConfig:
         return cls(**canonical(values, source))
 
 
-LORA_DEFAULTS = defaults(RunConfig, LORA)  # what lora_alpha, lora_targets and lora_dropout are without lora_rank
+LORA_DEFAULTS = defaults(RunConfig, checks.LORA)  # what lora_alpha, lora_targets and lora_dropout are without lora_rank
 # The names the Hugging Face Trainer, TRL and PEFT give RunConfig's fields. ``per_device_train_batch_size`` is a
 # micro-batch there (`canonical`); ``optim`` takes their optimizer names (`OPTIM_NAMES`).
 ALIASES = {"max_length": "seq_len", "max_seq_length": "seq_len", "gradient_accumulation_steps": "grad_accum",

@@ -133,6 +133,7 @@ METRICS: dict[str, Metric] = {
     "real_tokens_per_s": _m("real-token throughput (padding left out)", "tokens/s"),
     "pad_fraction": _m("padding share of the tokens", "%", 100.0),
     "compile_time_s": _m("compile time (first step)", "s"),
+    "test_loss": _m("test loss", "nats per token"),
     "seq_len": _m("sequence length", "tokens"),
     "vocab_size": _m("vocabulary", "thousand tokens", 1e-3),
     "chars_per_token": _m("characters per token"),

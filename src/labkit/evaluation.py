@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 
 import torch
 
@@ -17,6 +18,7 @@ from .techniques.precision import autocast, resolve_precision
 from .techniques.pruning import l1_unstructured, prune_channels, sparsity
 from .techniques.quantization import METHODS as QUANTIZATION_METHODS
 from .techniques.quantization import quantize
+from .techniques.token_loss import token_loss_sum
 
 CALIBRATION_BATCHES = 4  # training batches that fix static int8's activation ranges (`inference_model`)
 
@@ -48,23 +50,35 @@ def evaluate(model: torch.nn.Module, split: data.ImageData, cfg: RunConfig, devi
     return int(correct) / len(split)
 
 
-@torch.no_grad()
 def evaluate_tokens(model: torch.nn.Module, split: text.TokenData, device: torch.device, precision,
                     batch_size: int = 256) -> float:
-    """A language model's accuracy on ``split``, teacher-forced in one forward pass per batch (eval mode).
+    """A language model's accuracy on ``split`` (`score_tokens`' ``accuracy``)."""
+    return score_tokens(model, split, device, precision, batch_size)["accuracy"]
 
-    The digit tasks score the exact match of each answer (`labkit.text.exact_match`). On ``pydoc_text`` every token
-    is a label and a whole paragraph is never exactly right, so it scores the share of next tokens predicted.
+
+@torch.no_grad()
+def score_tokens(model: torch.nn.Module, split: text.TokenData, device: torch.device, precision,
+                 batch_size: int = 256) -> dict:
+    """A language model's scores on ``split``, teacher-forced in one forward pass per batch (eval mode).
+
+    ``test_loss`` (the mean cross-entropy over the label tokens, in nats) and ``perplexity`` (its exponential), and
+    ``accuracy``: the digit tasks score the exact match of each answer (`labkit.text.exact_match`); on ``pydoc_text``
+    every token is a label and a whole paragraph is never exactly right, so it scores the share of next tokens
+    predicted; a learner's own data has no task that defines a match, so None.
     """
     was_training = model.training
     model = models.unwrap(model).eval()
-    right = total = 0
+    right = total = label_tokens = 0
+    loss_sum = torch.zeros((), dtype=torch.float64)
     for batch in text.make_token_loader(split, batch_size, packing="pad", shuffle=False):
         batch = batch.to(device)
         inputs = batch.model_inputs()
         inputs.pop("labels")
         with autocast(precision, device):
-            guesses = model(**inputs).logits.argmax(-1)
+            logits = model(**inputs).logits
+        loss_sum += token_loss_sum(logits, batch.labels).double().cpu()
+        label_tokens += int((batch.labels[:, 1:] != text.IGNORE_INDEX).sum())
+        guesses = logits.argmax(-1)
         if split.name == "pydoc_text":
             scored = batch.labels[:, 1:] != text.IGNORE_INDEX
             right += int(((guesses[:, :-1] == batch.labels[:, 1:]) & scored).sum())
@@ -73,7 +87,9 @@ def evaluate_tokens(model: torch.nn.Module, split: text.TokenData, device: torch
             right += int(text.exact_match(guesses, batch.labels).sum())
             total += len(batch.labels)
     model.train(was_training)
-    return right / max(total, 1)
+    test_loss = float(loss_sum) / max(label_tokens, 1)
+    return {"accuracy": None if split.report is not None else right / max(total, 1), "test_loss": test_loss,
+            "perplexity": math.exp(min(test_loss, 700.0))}
 
 
 def exports(cfg: RunConfig) -> bool:

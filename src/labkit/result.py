@@ -70,6 +70,9 @@ class RunResult:
     real_tokens_per_s: float | None = None
     pad_fraction: float | None = None  # the share of padding among the timed steps' tokens
     compile_time_s: float | None = None  # torch.compile's time, kept out of step time (None: not compiled)
+    test_loss: float | None = None  # the test split's mean token cross-entropy (nats), language models
+    perplexity: float | None = None  # exp(test_loss)
+    data: dict | None = None  # a learner's own data: what was done to it (`labkit.text.own_data.OwnDataReport`)
 
     model = None  # the trained model after `labkit.fit` (not serialised; None for cached or reference runs)
 

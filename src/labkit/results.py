@@ -47,6 +47,7 @@ METRIC_COLUMNS = (
     "train_time_s", "peak_memory_bytes", "reserved_memory_bytes", "accuracy", "flops_per_step", "achieved_flops",
     "peak_flops", "mfu", "model_size_bytes", "num_params", "num_trainable_params", "weights",
     "tokens_per_s", "real_tokens_per_s", "pad_fraction", "compile_time_s",  # language models (None otherwise)
+    "test_loss", "perplexity",
 )
 
 INFERENCE_COLUMNS = ("method", "accuracy", "size_bytes", "nonzero_share")  # as inference_<name>: `RunResult.inference`
@@ -67,15 +68,30 @@ def code_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+def files_fingerprint(cfg: RunConfig) -> list:
+    """A learner's own model folder and data (a file, an image folder) as where they are and their files' sizes and
+    times: a cached run is reused only while they are unchanged (the same name in another folder is another run)."""
+    found = []
+    for spec in (cfg.model, cfg.dataset):
+        path = Path(str(spec)).expanduser()
+        if ":" in str(spec) or not path.exists():  # a catalog name, a hub id, torchvision:NAME, hf:...
+            continue
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        found.append([str(path.resolve()), [(str(p.relative_to(path)) if p != path else "", p.stat().st_size,
+                                             p.stat().st_mtime_ns) for p in files]])
+    return found
+
+
 def cache_key(cfg: RunConfig, env: dict) -> str:
     """The cache key of a run of ``cfg`` on ``env``: equal for two runs when one can reuse the other.
 
     A run is reusable when the config, the hardware, torch/torchvision, the profile, whether labkit may
-    download (which decides the starting weights) and labkit's code all match.
+    download (which decides the starting weights), labkit's code and a learner's own files (`files_fingerprint`)
+    all match.
     """
     blob = json.dumps({"config": cfg.to_dict(), "hardware": hardware_key(env), "torchvision": env.get("torchvision"),
-                       "online": is_online(), "checkpoints": str(checkpoint_dir()), "code": code_fingerprint()},
-                      sort_keys=True)
+                       "online": is_online(), "checkpoints": str(checkpoint_dir()), "code": code_fingerprint(),
+                       "files": files_fingerprint(cfg)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -191,6 +207,8 @@ def cached_model(cfg: RunConfig, refresh: bool = False, progress: bool = True,
 def to_row(result: RunResult, source: str = "live") -> dict:
     """One DataFrame row: config fields, metrics, ``mem_<category>_bytes`` and provenance."""
     row = dict(result.config)
+    # a column mapping as one hashable cell ("prompt=question"), None when there is none
+    row["data_columns"] = ", ".join(f"{k}={v}" for k, v in (row.get("data_columns") or {}).items()) or None
     for name in METRIC_COLUMNS:
         row[name] = getattr(result, name)
     for category in MEMORY_CATEGORIES:

@@ -24,7 +24,7 @@ from .config import RunConfig
 from .env import Profile, env_report, profile, resolve_device, set_tf32
 from .errors import ConfigError, NonFiniteLossError
 from .evaluation import exports, score_inference
-from .kinds import Batch, given_weights, kind_for, prepare_model
+from .kinds import Batch, Kind, given_weights, kind_for, prepare_model
 from .messages import note
 from .result import RunResult
 from .techniques import distributed
@@ -38,7 +38,7 @@ CHECK_LOSS_EVERY = 10  # reading the loss synchronises the GPU, so check it ever
 WARMUP, COMPILE, FLOPS, MEMORY, TIMED = "warmup", "compile", "flops", "memory", "timed"
 
 
-def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = True) -> dict:
+def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = True, kind: Kind | None = None) -> dict:
     """The train/val/test splits a run of ``cfg`` uses, loaded once per session and size.
 
     ``cfg.train_size`` (else the profile's) training samples and the profile's validation and test sizes.
@@ -47,16 +47,21 @@ def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = Tru
         cfg: the run.
         prof: the profile (default: the active one).
         training: check that one batch of ``cfg`` fits in the training set (False: only the test split is used).
+        kind: the run's kind (default: ``cfg``'s, `labkit.kinds.kind_for`).
 
     Example:
         >>> run_splits(cfg)["test"].num_classes
         10
     """
-    kind = kind_for(cfg)
+    kind = kind or kind_for(cfg)
     sizes = kind.split_sizes(cfg, prof or profile())
-    if training and cfg.batch_size > sizes[0]:
+    if training and sizes[0] and cfg.batch_size > sizes[0]:
         raise ConfigError("batch_size", cfg.batch_size, f"at most train_size={sizes[0]} (the training set's size)")
-    return kind.splits(cfg, sizes)
+    splits = kind.splits(cfg, sizes)
+    if training and cfg.batch_size > len(splits["train"]):
+        raise ConfigError("batch_size", cfg.batch_size, f"at most {len(splits['train'])}, the training examples of "
+                          f"{cfg.dataset}")
+    return splits
 
 
 def emulated_step_limit(prof: Profile) -> int:
@@ -92,6 +97,12 @@ def _check_losses(values: torch.Tensor, first_step: int, precision: str) -> None
         raise NonFiniteLossError(first_step + bad, float(values[bad]), precision)
 
 
+def _data_report(split) -> dict | None:
+    """What was done to a learner's own data (`labkit.text.own_data.OwnDataReport`), None for labkit's datasets."""
+    report = getattr(split, "report", None)
+    return None if report is None else report.to_dict()
+
+
 @dataclass
 class _Measures:
     """What a run's instruments collect over its steps."""
@@ -112,9 +123,11 @@ class Trainer:
     """
 
     def __init__(self, cfg: RunConfig, model: torch.nn.Module | None = None,
-                 bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB, strategy: str = "ddp"):
+                 bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB, strategy: str = "ddp", data=None,
+                 tokenizer=None):
         """Args: cfg: the run. model: train this model instead of building ``cfg.model`` (e.g. a pruned copy,
-        for a recovery fine-tune); it must be the architecture ``cfg.model`` names, on any device.
+        for a recovery fine-tune); it must be the architecture ``cfg.model`` names, on any device. data, tokenizer:
+        a learner's own records (``dataset="given"``) and their model's tokenizer (see `fit`).
         bucket_cap_mb: DistributedDataParallel's gradient bucket size, in a process group (see below).
         strategy: in a process group, ``ddp`` (every rank holds the whole model) or ``fsdp`` (FSDP2's
             ``fully_shard`` on every block: each rank holds 1/N of the weights, gradients and optimizer state).
@@ -126,12 +139,13 @@ class Trainer:
         """
         if strategy not in distributed.STRATEGIES:
             raise ConfigError("strategy", strategy, f"one of {list(distributed.STRATEGIES)}")
-        self.cfg, self.strategy, self.profile, self.kind = cfg, strategy, profile(), kind_for(cfg)
+        self.cfg, self.strategy, self.profile = cfg, strategy, profile()
+        self.kind = kind_for(cfg, data, tokenizer)
         self.world_size = distributed.world_size()
         self.kind.check_world(cfg, self.world_size, distributed.active())
         self._place()
         self._start_memory()
-        self.splits = run_splits(cfg, self.profile)
+        self.splits = run_splits(cfg, self.profile, kind=self.kind)
         self.train_split = self.splits["train"]
         self._build(model)
         self.sampler = self.allreduce_counter = None
@@ -429,8 +443,8 @@ class Trainer:
         cfg = self.cfg
         median, p10, p90 = measure.spread(times)
         peak, reserved = self._peaks(breakdown)
-        accuracy = self.kind.evaluate(self.model, self.splits, cfg, self.device, self.precision,
-                                      self.strategy == "ddp") if cfg.evaluate else None
+        scores = self.kind.evaluate(self.model, self.splits, cfg, self.device, self.precision,
+                                    self.strategy == "ddp") if cfg.evaluate else {}
         num_params, num_trainable = measure.count_parameters(self.model)
         achieved = flops / median if flops and median > 0 else None
         peak_flops = measure.peak_flops(self.env.get("gpu"), self.precision.name, cfg.tf32)
@@ -442,7 +456,8 @@ class Trainer:
             step_times_s=times, throughput=cfg.batch_size / median if median > 0 else math.nan,
             train_time_s=train_time_s, peak_memory_bytes=peak, reserved_memory_bytes=reserved,
             memory=breakdown.peak_by_category, memory_at_peak=breakdown.at_peak, memory_note=breakdown.note,
-            accuracy=accuracy, losses=losses, flops_per_step=flops, achieved_flops=achieved, peak_flops=peak_flops,
+            **scores, data=_data_report(self.train_split), losses=losses, flops_per_step=flops, achieved_flops=achieved,
+            peak_flops=peak_flops,
             mfu=achieved / peak_flops if achieved and peak_flops else None,
             model_size_bytes=measure.model_size_bytes(models.unwrap(self.model)), num_params=num_params,
             num_trainable_params=num_trainable, weights=self.weights.source, warnings=list(self.warnings),
@@ -454,7 +469,7 @@ class Trainer:
 
 
 def fit(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, progress: bool = True,
-        model: torch.nn.Module | None = None) -> RunResult:
+        model: torch.nn.Module | None = None, data=None, tokenizer=None) -> RunResult:
     """Train ``cfg.model`` on ``cfg.dataset`` as ``cfg`` says and measure it.
 
     Args:
@@ -462,6 +477,8 @@ def fit(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, progr
         on_step: called as ``on_step(step, total_steps)`` after each optimizer step (e.g. a widget bar).
         progress: show a tqdm progress bar (``TQDM_DISABLE=1`` hides it too).
         model: train this model instead of building ``cfg.model`` (see `Trainer`); it is trained in place.
+        data: with ``dataset="given"``, a learner's records: a ``datasets.Dataset``, a list of strings or of records.
+        tokenizer: the tokenizer of the language model passed as ``model`` (a transformers tokenizer).
 
     Returns:
         A `RunResult`; the trained model is attached as ``result.model`` (not serialised).
@@ -470,4 +487,4 @@ def fit(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, progr
         >>> res = labkit.fit(labkit.RunConfig(model="small_cnn", max_steps=50))
         >>> res.step_time_s, res.peak_memory_bytes, res.accuracy
     """
-    return Trainer(cfg, model=model).run(on_step=on_step, progress=progress)
+    return Trainer(cfg, model=model, data=data, tokenizer=tokenizer).run(on_step=on_step, progress=progress)

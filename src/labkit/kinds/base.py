@@ -65,5 +65,6 @@ class Kind(Protocol):
         """FLOPs of a step that torch's FLOP counter misses."""
 
     def evaluate(self, model: torch.nn.Module, splits: dict, cfg: RunConfig, device: torch.device, precision,
-                 shard: bool) -> float:
-        """The test split's score (accuracy or exact match)."""
+                 shard: bool) -> dict:
+        """The test split's scores: ``accuracy`` (or exact match), and a language model's ``test_loss`` and
+        ``perplexity``."""

@@ -19,12 +19,14 @@ from .. import models, text
 from ..config import RunConfig
 from ..env import Profile
 from ..errors import ConfigError
-from ..evaluation import evaluate_tokens
+from ..evaluation import score_tokens
+from ..fieldchecks import GIVEN, run_seq_len
 from ..messages import note
 from ..techniques.chunked_loss import chunked_loss_sum
 from ..techniques.compiling import compile_decoder, compile_problem
 from ..techniques.layer_checkpointing import checkpoint_decoder_layers
 from ..techniques.token_loss import forward_inputs, token_loss_sum
+from ..text.own_data import load_own_splits
 
 
 def compile_layers(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> str | None:
@@ -51,23 +53,48 @@ def token_loss(model: torch.nn.Module, micro: text.TokenBatch, loss_chunks: int 
     if loss_chunks is None:
         return token_loss_sum(model(**forward_inputs(micro)).logits, micro.labels)
     lm = models.unwrap(model)
-    hidden = lm.model(**forward_inputs(micro)).last_hidden_state
-    return chunked_loss_sum(hidden, lm.lm_head, micro.labels, loss_chunks)
+    hidden = lm.base_model(**forward_inputs(micro)).last_hidden_state
+    return chunked_loss_sum(hidden, lm.get_output_embeddings(), micro.labels, loss_chunks)
+
+
+_TOKENIZERS: dict = {}  # tokenizers loaded this session, by model (a failure is not kept: it is retried)
+
+
+def forget_tokenizers() -> None:
+    """Load every model's tokenizer anew (a test that fakes one)."""
+    _TOKENIZERS.clear()
+
+
+def _hub_tokenizer(name: str, dataset: str):
+    """A hub model's own tokenizer (None offline, said where it matters: online, when the download failed)."""
+    if name not in _TOKENIZERS:
+        tokenizer, why = models.hub_tokenizer(name)
+        if tokenizer is None:
+            if models.is_online():
+                own = "BPE" if dataset == "pydoc_text" else "character tokenizer"
+                note(f"{dataset} is tokenized by labkit's {own}: {why}")
+            return None
+        _TOKENIZERS[name] = tokenizer
+    return _TOKENIZERS[name]
+
+
+def _own_tokenizer(spec: str):
+    """A learner's model's tokenizer; where there is none (an offline hub id), labkit's BPE, said loudly."""
+    if spec not in _TOKENIZERS:
+        tokenizer, why = models.own.own_tokenizer(spec)
+        if tokenizer is None:
+            note(f"NO TOKENIZER for {spec}: {why}. The data is tokenized by labkit's BPE (pydoc_bpe) instead, so "
+                 "the model cannot start from its pretrained weights.")
+            return None
+        _TOKENIZERS[spec] = tokenizer
+    return _TOKENIZERS[spec]
 
 
 @functools.lru_cache(maxsize=4)
-def text_splits(name: str, train_size: int, val_size: int, test_size: int, seq_len: int,
-                hub_model: str | None = None) -> dict:
-    """A language-model dataset's splits, loaded once per session and size; for a hub model (``hub_model``, when its
-    pretrained weights are asked for) every dataset (the digit tasks and pydoc_text) is tokenized by the model's own
-    tokenizer, which its pretrained embeddings need. Offline, or when that download fails, labkit's own instead (the
-    digits' characters, pydoc_text's BPE): the model then starts from random weights, and says so."""
-    tokenizer = None
-    if hub_model is not None:
-        tokenizer, why = models.hub_tokenizer(hub_model)
-        if tokenizer is None and models.is_online():
-            own = "BPE" if name == "pydoc_text" else "character tokenizer"
-            note(f"{name} is tokenized by labkit's {own}: {why}")
+def text_splits(name: str, train_size: int, val_size: int, test_size: int, seq_len: int, tokenizer=None) -> dict:
+    """A labkit language-model dataset's splits, loaded once per session and size, tokenized by ``tokenizer`` (a
+    model's own, which its pretrained embeddings need; None: labkit's own, the digits' characters, pydoc_text's
+    BPE)."""
     return text.load_text_splits(name, train_size, val_size, test_size, seq_len, seed=0, tokenizer=tokenizer)
 
 
@@ -81,16 +108,40 @@ class LanguageKind:
             raise ConfigError("model", cfg.model, f"a vision model ({models.available()}) in a process group",
                               "language models train in one process until issue 28's next slice")
 
+    def __init__(self, data=None, tokenizer=None):
+        """Args: data: records passed to fit (``dataset="given"``). tokenizer: the tokenizer of a model passed to fit
+        (a transformers tokenizer)."""
+        self.data = data
+        self.tokenizer = None if tokenizer is None else text.HubTokenizer(tokenizer, "given")
+
     def split_sizes(self, cfg: RunConfig, prof: Profile) -> tuple[int, int, int]:
         # pydoc_text's 2,608 paragraphs cap a profile's sizes; a train_size asked for is kept (and checked on loading)
+        if cfg.dataset not in text.available():  # a learner's own data: all of it, split 80/10/10
+            return cfg.train_size or 0, 0, 0
         train, val, test = text.split_sizes(cfg.dataset, cfg.train_size or prof.train_size, prof.val_size,
                                             prof.test_size)
         return cfg.train_size or train, val, test
 
     def splits(self, cfg: RunConfig, sizes: tuple[int, int, int]) -> dict:
-        seq_len = text.resolve_seq_len(cfg.dataset, cfg.seq_len)
-        hub_model = cfg.model if cfg.model in models.HUB_MODELS and cfg.pretrained else None
-        return text_splits(cfg.dataset, *sizes, seq_len, hub_model)
+        tokenizer = self.data_tokenizer(cfg)
+        if cfg.dataset in text.available():
+            return text_splits(cfg.dataset, *sizes, run_seq_len(cfg), tokenizer)
+        spec = self.data if cfg.dataset == GIVEN else cfg.dataset
+        if spec is None:
+            raise ConfigError("data", None, f"records passed to fit(cfg, data=...) with dataset={GIVEN!r}")
+        return load_own_splits(spec, tokenizer or text.pydoc_bpe(), run_seq_len(cfg), cfg.loss_on,
+                               dict(cfg.data_columns), cfg.train_size, online=models.is_online())
+
+    def data_tokenizer(self, cfg: RunConfig):
+        """What tokenizes the data: a model's own tokenizer where its weights (or the learner) need it, else None
+        (labkit's own: the digits' characters, pydoc_text's BPE, the BPE for a learner's data too)."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        if cfg.model in models.HUB_MODELS and cfg.pretrained:
+            return _hub_tokenizer(cfg.model, cfg.dataset)
+        if models.own.is_own_language_model(cfg.model) and cfg.model not in models.HUB_MODELS:
+            return _own_tokenizer(cfg.model)
+        return None
 
     def build(self, cfg: RunConfig, split):
         return models.build_language_model(cfg.model, split.tokenizer.vocab_size, cfg.pretrained,
@@ -128,5 +179,6 @@ class LanguageKind:
         """The CPU SDPA kernel's FLOPs, which torch's FLOP counter misses."""
         return models.uncounted_attention_flops(models.unwrap(model), *batch.input_ids.shape, device)
 
-    def evaluate(self, model, splits: dict, cfg: RunConfig, device, precision, shard: bool) -> float:
-        return evaluate_tokens(model, splits["test"], device, precision)
+    def evaluate(self, model, splits: dict, cfg: RunConfig, device, precision, shard: bool) -> dict:
+        """The test split's accuracy (None on a learner's own data), loss and perplexity."""
+        return score_tokens(model, splits["test"], device, precision)

@@ -14,20 +14,30 @@ from .language import LanguageKind
 from .vision import VisionKind
 
 
-def kind_for(cfg: RunConfig):
-    """The kind that runs ``cfg``: `LanguageKind` for a language model, else `VisionKind`.
+def kind_for(cfg: RunConfig, data=None, tokenizer=None):
+    """The kind that runs ``cfg``: `LanguageKind` for a language model, else `VisionKind` (``data`` and ``tokenizer``:
+    what was passed to `labkit.fit` beside the config).
 
     Example:
         >>> kind_for(labkit.RunConfig(model="tiny_llama", dataset="digits_sort")).name
         'language'
     """
-    return LanguageKind() if models.is_language_model(cfg.model) else VisionKind()
+    if models.is_language_model(cfg.model):
+        return LanguageKind(data, tokenizer)
+    if data is not None or tokenizer is not None:
+        raise ConfigError("data", type(data if data is not None else tokenizer).__name__,
+                          "None for a vision model: its own images come as a folder (dataset='path/to/folder')")
+    return VisionKind()
 
 
 def given_weights(model: torch.nn.Module, cfg: RunConfig) -> models.WeightsInfo:
-    """Check that a model handed to `Trainer` is the one ``cfg`` names; its weights are "given"."""
-    name = getattr(models.unwrap(model), "labkit_name", None)
-    if name != cfg.model:
+    """Check that a model handed to `Trainer` is the one ``cfg`` names; its weights are "given". A learner's own
+    model (``cfg.model`` a hub id, a directory, ``torchvision:NAME``) may be any module: ``cfg.model`` names it."""
+    inner = models.unwrap(model)
+    name = getattr(inner, "labkit_name", None)
+    if name != cfg.model and cfg.model not in models.available() + models.language_models():
+        inner.labkit_name = cfg.model
+    elif name != cfg.model:
         raise ConfigError("model", type(model).__name__,
                           f"a model built by labkit.models.build({cfg.model!r}, ...) (or a copy of one), since "
                           f"cfg.model={cfg.model!r}; this one is {name!r}")

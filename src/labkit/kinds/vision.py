@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -11,7 +12,9 @@ import torch.nn.functional as F
 from .. import data, models
 from ..config import RunConfig
 from ..env import Profile
+from ..errors import ConfigError
 from ..evaluation import evaluate
+from ..imagefolder import is_image_folder, load_folder_splits
 from ..techniques.checkpointing import apply_checkpointing
 from ..text import TokenCounts
 
@@ -52,10 +55,22 @@ class VisionKind:
         return None
 
     def split_sizes(self, cfg: RunConfig, prof: Profile) -> tuple[int, int, int]:
+        if is_image_folder(cfg.dataset):  # a learner's own folder: all of it
+            return cfg.train_size or 0, 0, 0
         return cfg.train_size or prof.train_size, prof.val_size, prof.test_size
 
     def splits(self, cfg: RunConfig, sizes: tuple[int, int, int]) -> dict:
-        return _image_splits(cfg.dataset, *sizes)
+        if not is_image_folder(cfg.dataset):
+            return _image_splits(cfg.dataset, *sizes)
+        splits = load_folder_splits(cfg.dataset)
+        if cfg.train_size is None:
+            return splits
+        if cfg.train_size > len(splits["train"]):
+            raise ConfigError("train_size", cfg.train_size, f"at most {len(splits['train'])}, the training images of "
+                              f"{cfg.dataset}")
+        train = splits["train"]
+        return {**splits, "train": dataclasses.replace(train, images=train.images[:cfg.train_size],
+                                                       labels=train.labels[:cfg.train_size])}
 
     def build(self, cfg: RunConfig, split):
         return models.build(cfg.model, split.num_classes, pretrained=cfg.pretrained)
@@ -85,5 +100,5 @@ class VisionKind:
     def extra_flops(self, model: torch.nn.Module, batch: ImageBatch, device: torch.device) -> int:
         return 0
 
-    def evaluate(self, model, splits: dict, cfg: RunConfig, device, precision, shard: bool) -> float:
-        return evaluate(model, splits["test"], cfg, device, precision, shard=shard)
+    def evaluate(self, model, splits: dict, cfg: RunConfig, device, precision, shard: bool) -> dict:
+        return {"accuracy": evaluate(model, splits["test"], cfg, device, precision, shard=shard)}

@@ -13,6 +13,7 @@ One module each: `catalog` (names, weights, stages), `architectures` (labkit's o
 """
 
 from ..env import is_online  # whether weights can be downloaded: part of this module's API
+from . import own, own_vision
 from .architectures import Attention, PatchEmbed, SmallCNN, TinyViT, TokenMean, TransformerBlock
 from .catalog import (
     WeightsInfo,
@@ -44,7 +45,8 @@ from .language import (
     uncounted_attention_flops,
 )
 
-__all__ = ["Attention", "CHECKPOINT_DIR_ENV", "MANIFEST_NAME", "PatchEmbed", "SHIPPED_CHECKPOINTS", "SmallCNN",
+__all__ = ["own", "own_vision",
+           "Attention", "CHECKPOINT_DIR_ENV", "MANIFEST_NAME", "PatchEmbed", "SHIPPED_CHECKPOINTS", "SmallCNN",
            "TinyViT", "TokenMean", "TransformerBlock", "WeightsInfo", "available", "block_names", "build",
            "build_for_split",
            "build_language_model", "LANGUAGE_MODELS", "is_language_model", "language_models", "max_positions",

@@ -23,6 +23,8 @@ from .checkpoints import (
 )
 from .hub import HUB_MODELS, build_hub_model
 from .language import LANGUAGE_MODELS, build_llama, is_language_model, language_stages
+from .own import build_own_language_model, is_own_language_model
+from .own_vision import build_own_vision_model, is_own_vision_model
 
 _VOCAB_KEYS = ("model.embed_tokens.weight", "lm_head.weight")  # a Llama's vocabulary-sized weights
 
@@ -100,6 +102,10 @@ def build_language_model(name: str, vocab_size: int, pretrained: bool = True, at
     """
     if not isinstance(pretrained, bool):
         raise ConfigError("pretrained", pretrained, "True or False")
+    if is_own_language_model(name) and name not in HUB_MODELS:  # a hub id or a directory
+        model, source, warning = build_own_language_model(name, vocab_size, getattr(tokenizer, "name", None),
+                                                          pretrained, attn_implementation)
+        return model, WeightsInfo(source, warning)
     if name in HUB_MODELS:
         model, source, warning = build_hub_model(name, vocab_size, getattr(tokenizer, "name", None), pretrained,
                                                  attn_implementation)
@@ -175,8 +181,11 @@ def build(name: str, num_classes: int, pretrained: bool = True) -> tuple[nn.Modu
         >>> weights.source
         'imagenet'
     """
+    if is_own_vision_model(name):  # torchvision:NAME, timm:NAME
+        model, source, warning = build_own_vision_model(name, num_classes, pretrained)
+        return model, WeightsInfo(source, warning)
     if name not in _FAMILIES:
-        raise ConfigError("model", name, f"one of {available()}")
+        raise ConfigError("model", name, f"one of {available()}, torchvision:NAME or timm:NAME")
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
         raise ConfigError("num_classes", num_classes, "a positive integer (1, 2, 3, ...)")
     if not isinstance(pretrained, bool):

@@ -22,7 +22,9 @@ from ..choices import ATTN_IMPLEMENTATIONS, check_choice
 from ..errors import ConfigError
 from ..text import BOS_ID, EOS_ID, PAD_ID
 from ..validate import is_int
+from . import own
 from .hub import HUB_MODELS, transformers_module
+from .own import is_own_language_model
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,14 @@ def language_models() -> list[str]:
 
 
 def is_language_model(name) -> bool:
-    return name in LANGUAGE_MODELS or name in HUB_MODELS
+    """A causal LM: labkit's, a hub model by name, or a learner's own (a hub id or a directory, `labkit.models.own`)."""
+    return name in LANGUAGE_MODELS or name in HUB_MODELS or is_own_language_model(name)
 
 
 def max_positions(name: str) -> int:
     """The longest sequence model ``name`` takes (its ``max_position_embeddings``)."""
+    if is_own_language_model(name) and name not in HUB_MODELS:
+        return own.max_positions(name)
     check_choice("model", name, language_models())
     if name in HUB_MODELS:
         return HUB_MODELS[name].shape.max_position_embeddings
@@ -125,8 +130,21 @@ def output_layer_tied(model: nn.Module) -> bool:
     return head is not None and embed is not None and head.weight is embed.weight
 
 
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a causal LM, found from its module tree: the ModuleList of same-type blocks that holds
+    the most parameters (``model.model.layers`` in Llama, Qwen, Mistral, Gemma and Phi)."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m)
+             and len({type(layer) for layer in m}) == 1]
+    if not lists:
+        raise ConfigError("model", type(model).__name__, "a decoder whose layers are one nn.ModuleList")
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
 def language_stages(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """A Llama model's stages: ``embed``, ``layer0`` ... ``layerN``, ``head`` (final norm and output layer)."""
-    body = model.model
-    layers = [(f"layer{i}", layer) for i, layer in enumerate(body.layers)]
-    return [("embed", body.embed_tokens), *layers, ("head", nn.ModuleList([body.norm, model.lm_head]))]
+    """A causal LM's stages: ``embed`` (token embeddings), ``layer0`` ... (the decoder layers), ``head`` (what comes
+    after them: the final norm, and the output layer)."""
+    layers, embed = decoder_layers(model), model.get_input_embeddings()
+    body = getattr(model, "base_model", model)
+    after = [m for m in body.children() if m is not layers and m is not embed and any(True for _ in m.parameters())]
+    return [("embed", embed), *((f"layer{i}", layer) for i, layer in enumerate(layers)),
+            ("head", nn.ModuleList([*after, model.get_output_embeddings()]))]

@@ -98,7 +98,8 @@ class TokenData:
     Attributes:
         name: the dataset; split: ``train``, ``val`` or ``test``; tokenizer: what made the ids.
         input_ids, labels: one tensor per example; labels are -100 (`IGNORE_INDEX`) where no loss is taken.
-        seq_len: no example is longer; num_truncated: examples cut to ``seq_len`` (``pydoc_text`` only).
+        seq_len: no example is longer; num_truncated: examples cut to ``seq_len`` (``pydoc_text``, own data).
+        report: what labkit did with a learner's own data (None for labkit's datasets).
 
     Example:
         >>> splits = labkit.text.load_text_splits("digits_sort", 512, 128, 256, seq_len=32)
@@ -113,6 +114,7 @@ class TokenData:
     tokenizer: object = field(repr=False)
     seq_len: int
     num_truncated: int = 0
+    report: object = field(default=None, repr=False)  # a learner's own data: `labkit.text.own_data.OwnDataReport`
 
     def __len__(self) -> int:
         return len(self.input_ids)
