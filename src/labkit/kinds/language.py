@@ -90,6 +90,23 @@ def _own_tokenizer(spec: str):
     return _TOKENIZERS[spec]
 
 
+def softcapping_warning(model: torch.nn.Module, cfg: RunConfig) -> str | None:
+    """Gemma 2 caps its logits (``final_logit_softcapping``) and its attention scores (``attn_logit_softcapping``).
+    The chunked loss computes logits from the output layer itself, without the cap: refused. SDPA has no cap: said
+    loudly, since the model then trains with attention it was not trained with (``eager`` applies it)."""
+    config = getattr(models.unwrap(model), "config", None)
+    if cfg.loss_chunks is not None and getattr(config, "final_logit_softcapping", None):
+        raise ConfigError("loss_chunks", cfg.loss_chunks, f"None for {cfg.model}", "its config sets final_logit_"
+                          f"softcapping={config.final_logit_softcapping}, which the chunked loss leaves out")
+    if cfg.attn_implementation == "sdpa" and getattr(config, "attn_logit_softcapping", None):
+        warning = (f"ATTENTION NOT CAPPED: {cfg.model}'s config sets attn_logit_softcapping="
+                   f"{config.attn_logit_softcapping}, which PyTorch's SDPA kernel leaves out; set "
+                   "attn_implementation='eager' to train it with the attention it was trained with")
+        note(warning)
+        return warning
+    return None
+
+
 @functools.lru_cache(maxsize=4)
 def text_splits(name: str, train_size: int, val_size: int, test_size: int, seq_len: int, tokenizer=None) -> dict:
     """A labkit language-model dataset's splits, loaded once per session and size, tokenized by ``tokenizer`` (a
@@ -153,7 +170,8 @@ class LanguageKind:
             checkpoint_decoder_layers(models.unwrap(model))
 
     def on_device(self, model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> str | None:
-        return compile_layers(model, cfg, device)
+        warnings = [w for w in (softcapping_warning(model, cfg), compile_layers(model, cfg, device)) if w]
+        return " ".join(warnings) or None
 
     def loader(self, split, rows: int, cfg: RunConfig, sampler, device: torch.device):
         """Rows of token ids, padded or packed (`labkit.text.batching`)."""

@@ -198,11 +198,17 @@ def build_own_language_model(spec: str, vocab_size: int | None, tokenizer_name: 
         pretrained: False builds random weights on purpose. attn_implementation: ``sdpa`` or ``eager``.
     """
     config = model_config(spec)
+    transformers = transformers_module(spec)
+    model_class = transformers.AutoModelForCausalLM._model_mapping[type(config)]
+    if attn_implementation == "sdpa" and not getattr(model_class, "_supports_sdpa", True):
+        capped = getattr(config, "attn_logit_softcapping", None)
+        raise ConfigError("attn_implementation", attn_implementation, f"'eager' for {spec}",
+                          f"transformers {transformers.__version__} has no SDPA attention for {model_class.__name__}"
+                          + (f" (its attention caps its scores: attn_logit_softcapping={capped})" if capped else ""))
     config._attn_implementation = attn_implementation
     if vocab_size is not None and vocab_size > config.vocab_size:
         raise ConfigError("model", spec, f"a model whose vocabulary holds the data's tokenizer ({vocab_size} tokens)",
                           f"its config has vocab_size={config.vocab_size}; resize its embeddings first")
-    transformers = transformers_module(spec)
     why = None
     if pretrained:
         where = str(Path(spec).expanduser()) if is_model_dir(spec) else parse_hub_id(spec)[0]
