@@ -240,19 +240,22 @@ def test_gemma_2s_softcapping_is_never_dropped_silently(root, data, monkeypatch)
     folder = model_dir(root, "google/gemma-2-2b", head_dim=16)
     cfg = labkit.RunConfig(model=folder, dataset=data["pc"], max_steps=6, batch_size=4, seq_len=64, device="cpu",
                            evaluate=False, pretrained=False)
-    # transformers 5 has no SDPA attention for Gemma 2 (it would drop the attention's cap): refused by name
-    with pytest.raises(ConfigError, match=r"attn_implementation='sdpa' is not allowed: 'eager' for .*no SDPA "
-                                          r"attention for Gemma2ForCausalLM .*attn_logit_softcapping=50.0"):
-        labkit.fit(cfg)
+    gemma = transformers_module().AutoModelForCausalLM._model_mapping[type(own.model_config(folder))]
+    for sdpa in (False, True):  # transformers 5.24 has no SDPA attention for Gemma 2; some releases ran it uncapped
+        monkeypatch.setattr(gemma, "_supports_sdpa", sdpa)
+        if not sdpa:
+            with pytest.raises(ConfigError, match=r"attn_implementation='sdpa' is not allowed: 'eager' for .*no "
+                                                  r"SDPA attention for Gemma2ForCausalLM .*softcapping=50.0"):
+                labkit.fit(cfg)
+            continue
+        # where a transformers release runs it on SDPA, labkit says the cap is left out
+        monkeypatch.setattr(labkit.kinds.language.models, "build_language_model",
+                            lambda *args: (transformers_module().AutoModelForCausalLM.from_config(
+                                own.model_config(folder), attn_implementation="eager"), models.WeightsInfo("random")))
+        warnings = labkit.fit(cfg).warnings
+        assert any(w.startswith("ATTENTION NOT CAPPED") and "attn_logit_softcapping=50.0" in w for w in warnings)
+    monkeypatch.undo()
     eager = cfg.replace(attn_implementation="eager")
     assert not labkit.fit(eager).warnings
     with pytest.raises(ConfigError, match=r"loss_chunks=2 is not allowed: None for .*final_logit_softcapping=30.0"):
         labkit.fit(eager.replace(loss_chunks=2))
-    # an older transformers that runs Gemma 2 on SDPA: labkit says the cap is left out
-    gemma = transformers_module().AutoModelForCausalLM._model_mapping[type(own.model_config(folder))]
-    monkeypatch.setattr(gemma, "_supports_sdpa", True)
-    monkeypatch.setattr(labkit.kinds.language.models, "build_language_model",
-                        lambda *args: (transformers_module().AutoModelForCausalLM.from_config(
-                            own.model_config(folder), attn_implementation="eager"), models.WeightsInfo("random")))
-    result = labkit.fit(cfg)
-    assert any(w.startswith("ATTENTION NOT CAPPED") and "attn_logit_softcapping=50.0" in w for w in result.warnings)
