@@ -38,6 +38,8 @@ IMAGES = ROOT / "scripts" / "hosted_images.toml"
 REQUIRED = ("torch", "torchvision", "ipywidgets", "transformers", "peft")  # every image names these
 # What the test run itself needs there (Colab has ipykernel and pytest; nbval and xdist are ours).
 TEST_TOOLS = ("pytest", "pytest-xdist", "nbval", "ipykernel", "nbformat")
+# nbval's options, as scripts/test.sh passes them (a kernel on a busy machine may take over 60 s to answer)
+NBVAL = ("--nbval-lax", "--nbval-current-env", "--nbval-kernel-startup-timeout=240")
 
 
 class HostedEnvError(RuntimeError):
@@ -163,14 +165,14 @@ def check(name: str, venv: Path) -> int:
     after = [nb for nb in entry["notebooks"] if Path(nb).name in needs]
     worst = 0
     if before:
-        worst = _pytest(python, name, ("--nbval-lax", "--nbval-current-env", *before), env)
+        worst = _pytest(python, name, (*NBVAL, *before), env)
     requirement = subprocess.run([python, "-c", "from labkit.project import torchao_requirement; "
                                                 "print(torchao_requirement())"],
                                  check=True, capture_output=True, text=True, cwd="/").stdout.strip()
     run(*_pip(python), requirement)  # what 06's and 08's setup cells install
     worst = max(worst, _pytest(python, name, entry["tests"], env))
     if after:
-        worst = max(worst, _pytest(python, name, ("--nbval-lax", "--nbval-current-env", *after), env))
+        worst = max(worst, _pytest(python, name, (*NBVAL, *after), env))
     shutil.rmtree(env["LABKIT_DATA_DIR"], ignore_errors=True)
     return worst
 

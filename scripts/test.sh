@@ -46,6 +46,9 @@ part import-layers "$BIN/lint-imports"  # the engine's layers: [tool.importlinte
 # Both cores: two pytest workers of one thread each (two workers of two threads each ran slower than one). A test
 # file (--dist loadfile) or a notebook's cells (nbval needs them in order, in one kernel) stay on one worker.
 XDIST=(-n 2 --dist loadfile)
+# A notebook's kernel may take over nbval's default 60 s to answer while the other worker's notebook trains on both
+# cores (07's torchrun jobs): seen once, on 2026-12-05, as every cell of 09 failing to start. Slow is not broken.
+NBVAL=(--nbval-lax --nbval-current-env --nbval-kernel-startup-timeout=240)
 part unit-tests env OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/browser \
   "${XDIST[@]}" --durations=15
 # The notebooks with the named ones first (the longest, so that neither worker is left with one at the end), then
@@ -60,7 +63,7 @@ notebooks_in_order() {
   echo "${chosen[@]}"
 }
 # shellcheck disable=SC2046  # the notebooks' paths have no spaces
-part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest --nbval-lax --nbval-current-env -q -p no:cacheprovider \
+part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest "${NBVAL[@]}" -q -p no:cacheprovider \
   "${XDIST[@]}" --durations=15 $(notebooks_in_order 07 09 06 02)
 # `full`'s code path on the CPU: every notebook at the `full` profile with its models shrunk but keeping their
 # architecture (labkit.env.FULL_SHRUNK: a couple of decoder layers with tied embeddings, GQA and Qwen's biases, the
@@ -70,7 +73,7 @@ part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest --nbval-lax --nbval-current
 # labkit.labs.distributed.workload), the path nbval has just run.
 full_shapes() {
   # shellcheck disable=SC2046
-  env OMP_NUM_THREADS=1 LABKIT_PROFILE=full LABKIT_SHRINK=1 "$PY" -m pytest --nbval-lax --nbval-current-env -q \
+  env OMP_NUM_THREADS=1 LABKIT_PROFILE=full LABKIT_SHRINK=1 "$PY" -m pytest "${NBVAL[@]}" -q \
     -p no:cacheprovider "${XDIST[@]}" --durations=10 $(notebooks_in_order 09 02 08 06 04 01 -07)
 }
 part full-shapes full_shapes

@@ -1,6 +1,7 @@
 """A learner's own model: a local folder, a hub id, torchvision:/timm: names, a module passed in; refusals named."""
 
 import json
+import math
 import sys
 import types
 from pathlib import Path
@@ -259,3 +260,19 @@ def test_gemma_2s_softcapping_is_never_dropped_silently(root, data, monkeypatch)
     assert not labkit.fit(eager).warnings
     with pytest.raises(ConfigError, match=r"loss_chunks=2 is not allowed: None for .*final_logit_softcapping=30.0"):
         labkit.fit(eager.replace(loss_chunks=2))
+
+
+@pytest.mark.parametrize("changes", [
+    {"packing": "pack"}, {"packing": "pad_max", "loss_chunks": 4}, {"checkpointing": True},
+    {"optimizer": "adamw8bit"}, {"precision": "bf16"}, {"freeze": "head_only"}, {"attn_implementation": "eager"},
+    {"gradient_accumulation_steps": 2, "optim": "adamw_torch_fused"},
+])
+def test_the_lab_techniques_run_on_a_learners_model_and_chats(qwen, data, changes):
+    """Each technique the notebooks teach, on a learner-shaped model and chat data (the ladder of issue 42)."""
+    if changes.get("optimizer") == "adamw8bit":
+        pytest.importorskip("bitsandbytes")
+    cfg = labkit.RunConfig(model=qwen, dataset=data["chat"], max_steps=6, batch_size=4, seq_len=128, device="cpu",
+                           **changes)
+    result = labkit.fit(cfg)
+    assert result.test_loss > 0 and all(math.isfinite(loss) for loss in result.losses)
+    assert result.data["loss_on"] == "assistant"
