@@ -131,6 +131,10 @@ def test_a_module_and_records_passed_to_fit(qwen):
     assert result.weights == "given" and result.model is module and result.data["records"] == 12
     with pytest.raises(ConfigError, match=r"data=None is not allowed: records passed to fit"):
         labkit.fit(cfg)
+    with pytest.raises(ConfigError, match=r"dataset='pydoc_text' is not allowed: 'given' when data is passed"):
+        labkit.fit(cfg.replace(dataset="pydoc_text"), data=records)  # the records would be ignored
+    with pytest.raises(ConfigError, match=r"data='a dict' is not allowed: a list of records"):
+        labkit.fit(cfg, data=records[0], tokenizer=tokenizer.backend)
 
 
 def test_a_hub_id_offline_uses_its_shipped_config_and_refuses_others():

@@ -140,6 +140,8 @@ class LanguageKind:
         return cfg.train_size or train, val, test
 
     def splits(self, cfg: RunConfig, sizes: tuple[int, int, int]) -> dict:
+        if self.data is not None and cfg.dataset != GIVEN:  # never silently ignored
+            raise ConfigError("dataset", cfg.dataset, f"{GIVEN!r} when data is passed to fit(cfg, data=...)")
         tokenizer = self.data_tokenizer(cfg)
         if cfg.dataset in text.available():
             return text_splits(cfg.dataset, *sizes, run_seq_len(cfg), tokenizer)

@@ -128,6 +128,9 @@ def read_records(spec, online: bool = True) -> tuple[list, list[str], str]:
     if hasattr(spec, "column_names") and hasattr(spec, "to_list"):  # a datasets.Dataset
         records = spec.to_list()
         return records, [f"row {i}" for i in range(len(records))], "a datasets.Dataset passed in"
+    if isinstance(spec, dict):
+        raise ConfigError("data", "a dict", "a list of records (dicts), a list of strings, a datasets.Dataset or a "
+                          "torch Dataset", "wrap a single record in a list")
     if hasattr(spec, "__getitem__") and hasattr(spec, "__len__") and not isinstance(spec, str):  # a torch Dataset
         records = [spec[i] for i in range(len(spec))]
         records = [{"text": r} if isinstance(r, str) else r for r in records]
