@@ -24,9 +24,10 @@ from .config import RunConfig
 from .env import Profile, env_report, profile, resolve_device, set_tf32
 from .errors import ConfigError, NonFiniteLossError
 from .evaluation import exports, score_inference
-from .kinds import Batch, Kind, given_weights, kind_for, prepare_model
+from .kinds import Batch, given_weights, kind_for, prepare_model
 from .messages import note
 from .result import RunResult
+from .runsetup import build_model, run_splits
 from .techniques import distributed
 from .techniques.accumulation import sync_context
 from .techniques.optimizers import build_optimizer, warmup_lr
@@ -36,32 +37,6 @@ PROFILING_STEPS = 2  # one FLOP-counting step, one memory-tracking step
 CHECK_LOSS_EVERY = 10  # reading the loss synchronises the GPU, so check it every few steps, not every step
 # The phases of a run's steps (`step_plan`), each carried out by the Trainer method of the same name.
 WARMUP, COMPILE, FLOPS, MEMORY, TIMED = "warmup", "compile", "flops", "memory", "timed"
-
-
-def run_splits(cfg: RunConfig, prof: Profile | None = None, training: bool = True, kind: Kind | None = None) -> dict:
-    """The train/val/test splits a run of ``cfg`` uses, loaded once per session and size.
-
-    ``cfg.train_size`` (else the profile's) training samples and the profile's validation and test sizes.
-
-    Args:
-        cfg: the run.
-        prof: the profile (default: the active one).
-        training: check that one batch of ``cfg`` fits in the training set (False: only the test split is used).
-        kind: the run's kind (default: ``cfg``'s, `labkit.kinds.kind_for`).
-
-    Example:
-        >>> run_splits(cfg)["test"].num_classes
-        10
-    """
-    kind = kind or kind_for(cfg)
-    sizes = kind.split_sizes(cfg, prof or profile())
-    if training and sizes[0] and cfg.batch_size > sizes[0]:
-        raise ConfigError("batch_size", cfg.batch_size, f"at most train_size={sizes[0]} (the training set's size)")
-    splits = kind.splits(cfg, sizes)
-    if training and cfg.batch_size > len(splits["train"]):
-        raise ConfigError("batch_size", cfg.batch_size, f"at most {len(splits['train'])}, the training examples of "
-                          f"{cfg.dataset}")
-    return splits
 
 
 def emulated_step_limit(prof: Profile) -> int:
@@ -194,10 +169,10 @@ class Trainer:
         """The model (built, or given: a model handed in already on the GPU is the run's own, so its tensors come
         off the baseline), its techniques, then on its device."""
         cfg = self.cfg
-        torch.manual_seed(cfg.seed)
         if model is None:
-            model, self.weights = self.kind.build(cfg, self.train_split)
+            model, self.weights = build_model(cfg, self.kind, self.train_split)
         else:
+            torch.manual_seed(cfg.seed)  # the techniques' own random draws (LoRA's A) as with a built model
             self.weights = given_weights(model, cfg)
             self.baseline_bytes = max(0, self.baseline_bytes - measure.tensor_bytes(model, self.device))
         self.rank_batch = cfg.batch_size // self.world_size  # samples each rank takes per optimizer step

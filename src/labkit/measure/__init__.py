@@ -4,9 +4,10 @@ Rules every number follows: warm-up is excluded; GPU work is synchronised before
 (CUDA events); peak memory comes from the allocator (``max_memory_allocated``), never from the
 cache (``memory_reserved``), and on CPU from an exact accounting of live tensors.
 
-One module each: `timing`, `memory`, `counts`.
+One module each: `timing`, `memory`, `counts`, and `compare`: whether two measurements differ beyond their noise.
 """
 
+from .compare import VERDICTS, Comparison, Measured, compare
 from .counts import PEAK_FLOPS, accuracy_noise, count_flops, count_parameters, model_size_bytes, peak_flops
 from .memory import (
     MemoryBreakdown,
@@ -34,7 +35,8 @@ from .timing import (
     warm_up_libraries,
 )
 
-__all__ = ["Latency", "MemoryBreakdown", "PEAK_FLOPS", "StepTimer", "TimingPitfalls", "accuracy_noise",
+__all__ = ["VERDICTS", "Comparison", "Latency", "Measured", "MemoryBreakdown", "PEAK_FLOPS", "StepTimer",
+           "TimingPitfalls", "accuracy_noise", "compare",
            "allocated_now", "count_flops", "count_parameters", "cuda_peak_memory", "inference_peak_bytes",
            "measure_latency", "model_size_bytes", "new_micro_batch", "optimizer_state_bytes", "peak_flops",
            "ratio_band", "reserved_now", "reset_memory", "reset_peak", "separated", "spread", "synchronize",
