@@ -5,11 +5,12 @@ import math
 import pickle
 from dataclasses import dataclass
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 import torch
 
-from labkit import RunConfig
+from labkit import RunConfig, plots
 from labkit.labresult import LabResult
 from labkit.measure import VERDICTS, Measured, compare
 from labkit.runsetup import set_up
@@ -58,7 +59,8 @@ class _Timings(LabResult):
 
     def finding(self):
         rows = self.frame.set_index("setup")
-        return f"bf16 {compare(Measured.row(rows.loc['bf16'], 'step_time_s'), Measured.row(rows.loc['fp32'], 'step_time_s'), ('faster', 'slower'))}"
+        bf16, fp32 = (Measured.row(rows.loc[name], "step_time_s") for name in ("bf16", "fp32"))
+        return f"bf16 {compare(bf16, fp32, ('faster', 'slower'))}"
 
 
 def _timings() -> _Timings:
@@ -92,3 +94,10 @@ def test_set_up_gives_the_loops_model_device_and_first_batch():
     assert batch.images.shape[0] == 8 and batch.images.device.type == "cpu"
     assert torch.equal(batch.labels, next(iter(trainer.loader))[1])
     assert set_up(cfg, model=False).model is None
+
+
+def test_plots_draw_a_results_frame():
+    r = _timings()
+    heights = [[p.get_height() for p in plots.bar(data, "setup", "step_time_s").patches] for data in (r, r.frame)]
+    assert heights[0] == heights[1] and len(heights[0]) == 2
+    plt.close("all")

@@ -1,4 +1,5 @@
-"""Each notebook's experiments and the findings worded from their live numbers, one package per notebook.
+"""Each notebook's experiments, one package per notebook: each returns a result (`labkit.labresult.LabResult`) that
+shows its table and the finding worded from its live numbers.
 
 A lab answers "what does the technique do to time, memory, accuracy and size here"; the technique itself
 (what a learner copies into their own loop) is in `labkit.techniques`. Each lab's exercises are in its

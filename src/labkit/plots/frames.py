@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..config import field_names
 from ..errors import ConfigError
+from ..labresult import LabResult
 from ..result import MEMORY_CATEGORIES
 
 _LIVE = "live"
@@ -47,6 +48,7 @@ def _sort_key(values: list) -> list:
 def _series(df, reference, x, y, hue, numeric_x: bool):
     """Split the rows into drawable series: list of dicts (label, hue, reference, x, y), x values, notes."""
     columns = {"x": x, "y": y, "hue": hue}
+    df = df.frame if isinstance(df, LabResult) else df  # an experiment's result draws its frame
     _check_frame(df, "df", columns)
     frames = [(df, False)]
     if reference is not None and len(reference):  # an empty reference (none shipped yet) draws nothing

@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from ..display import scaled
+from ..labresult import LabResult
 from ..result import MEMORY_CATEGORIES
 from .figures import _axes, _colors, _finish, category_ticks
 from .frames import _frame_rows, _get, label_runs
@@ -34,6 +35,7 @@ def memory_breakdown(results, ax=None, label: str | None = None):
         >>> ax = plots.memory_breakdown({"fp32": res_fp32, "bf16": res_bf16})
         >>> ax = plots.memory_breakdown(df, label="setup")
     """
+    results = results.frame if isinstance(results, LabResult) else results  # an experiment's result: its frame
     labelled = label_runs(_frame_rows(results, label) if isinstance(results, pd.DataFrame) else results)
     ax = _axes(ax)
     kept, skipped = {}, []
