@@ -68,8 +68,7 @@ def _width(trainer) -> int | None:
 
 def install() -> None:
     """Wrap the engine's training, evaluation, latency and launch entry points (see the module docstring)."""
-    from labkit import evaluation, inference, train
-    from labkit.labs.distributed import jobs
+    from labkit import evaluation, inference, launcher, train
 
     run, step, total_steps = train.Trainer.run, train.Trainer.step, train.total_steps
     in_run = {"depth": 0}
@@ -126,11 +125,11 @@ def install() -> None:
                  "cpu": [cpu or q for q in quantized]})
         return latencies(models, x, prof, cpu)
 
-    launch = jobs.launch
+    launch = launcher.launch
 
     @functools.wraps(launch)
     def recorded_launch(cfg, nproc=2, *args, **kwargs):
-        _append({"kind": "launch", "config": cfg.to_dict(), "nproc": nproc, "steps": jobs.planned_steps(cfg)})
+        _append({"kind": "launch", "config": cfg.to_dict(), "nproc": nproc, "steps": launcher.planned_steps(cfg)})
         return launch(cfg, nproc, *args, **kwargs)
 
     train.Trainer.run, train.Trainer.step = recorded_run, recorded_step
@@ -144,7 +143,7 @@ def install() -> None:
 
 def _replace(original, wrapped) -> None:
     """Put ``wrapped`` in place of ``original`` in every labkit module, where it was defined and where it was imported
-    by name (``from .jobs import launch``): every module is imported first, as a notebook would import it later."""
+    by name (``from ..launcher import launch``): every module is imported first, as a notebook would import it later."""
     import importlib
     import pkgutil
     import sys

@@ -23,6 +23,8 @@ from labkit.env import PROFILES, SHRINK_ENV
 from labkit.errors import ConfigError
 from labkit.kinds import language as train_lm
 from labkit.labs import lora, quantization
+from labkit.labs.lora.qlora import BASE16, NF4, QLoRAComparison
+from labkit.labs.quantization.methods import MethodComparison
 
 
 @pytest.fixture
@@ -43,14 +45,14 @@ def bench_cfg(monkeypatch):
                             device="cpu", evaluate=False)
 
 
-def _stand_in(real, frame: pd.DataFrame):
-    """A lab function's stand-in that checks each call against the real signature and returns ``frame``."""
+def _stand_in(real, result):
+    """A lab function's stand-in that checks each call against the real signature and returns ``result``."""
     calls = []
 
     def fake(*args, **kwargs):
         inspect.signature(real).bind(*args, **kwargs)
         calls.append((args, kwargs))
-        return frame
+        return result
 
     fake.calls = calls
     return fake
@@ -99,10 +101,11 @@ def test_gpu_suite_runs_every_part_on_the_cpu_and_goes_on_after_one_raises(tmp_p
     monkeypatch.setenv("LABKIT_PROFILE", "quick")
     table = pd.DataFrame([{"model": m, "method": "fp32", "ran": True, "gpu_latency_s": None}
                           for m in ("tiny_vit", "small_cnn")])
-    methods = _stand_in(quantization.compare, table)
-    monkeypatch.setattr(quantization, "compare", methods)
-    qlora = _stand_in(lora.qlora_comparison, pd.DataFrame([{"setup": lora.BASE16, "peak_memory_bytes": 1.0e6,
-                                                             "step_time_s": 0.01, "error": None}]))
+    methods = _stand_in(quantization.method_comparison, MethodComparison(table))
+    monkeypatch.setattr(quantization, "method_comparison", methods)
+    qlora = _stand_in(lora.qlora_comparison, QLoRAComparison(pd.DataFrame([
+        {"setup": BASE16, "peak_memory_bytes": 1.0e6, "step_time_s": 0.01, "error": None},
+        {"setup": NF4, "peak_memory_bytes": None, "step_time_s": None, "error": "NF4 needs bitsandbytes"}])))
     monkeypatch.setattr(lora, "qlora_comparison", qlora)
 
     def boom(cfg):

@@ -50,6 +50,7 @@ def test_repeats_rows_and_accuracies_are_measurements():
     # 1,000 test examples at 80 %: about 3.6 points apart is beyond chance, 1 point is not
     assert not compare(Measured.accuracy(0.81, 1000), Measured.accuracy(0.80, 1000))
     assert compare(Measured.accuracy(0.85, 1000), Measured.accuracy(0.80, 1000)).direction == 1
+    assert compare(Measured.accuracy(None, 1000), Measured.accuracy(0.80, 1000)).real is None  # not evaluated
 
 
 @dataclass

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import labkit
-from labkit import env, evaluation, inference, train
-from labkit.labs.distributed import data_parallel, jobs
+from labkit import env, evaluation, inference, launcher, train
+from labkit.labs.distributed import data_parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("full_ledger", ROOT / "scripts" / "full_ledger.py")
@@ -30,7 +30,8 @@ def test_plan_mode_is_fulls_sizes_and_steps_with_shrunk_models(monkeypatch):
     assert plan.dataset == "shapes10"  # offline, in CIFAR-10's place
 
 
-WRAPPED = (evaluation.evaluate, evaluation.evaluate_tokens, evaluation.score_tokens, inference.latencies, jobs.launch)
+WRAPPED = (evaluation.evaluate, evaluation.evaluate_tokens, evaluation.score_tokens, inference.latencies,
+           launcher.launch)
 
 
 def _install(tmp_path, monkeypatch) -> Path:
@@ -59,8 +60,8 @@ def test_the_ledger_records_full_steps_and_cuts_the_run_short(tmp_path, monkeypa
     assert scored == {"kind": "eval", "model": "small_cnn", "rows": labkit.profile().test_size, "width": None,
                           "image_size": None}
     assert train.total_steps(cfg, 8) == 40  # restored after the run
-    # imported by name (`from .jobs import launch`) is wrapped too: 07's labs launch through their own names
-    assert data_parallel.launch is jobs.launch and jobs.launch.__wrapped__ is wrapped[-1]
+    # imported by name (`from ...launcher import launch`) is wrapped too: 07's labs launch through their own names
+    assert data_parallel.launch is launcher.launch and launcher.launch.__wrapped__ is wrapped[-1]
 
 
 def test_steps_outside_a_run_repeat_per_shape_and_a_new_shape_runs(tmp_path, monkeypatch):
@@ -100,7 +101,7 @@ def test_the_estimate_is_the_stated_method(tmp_path):
 def test_qloras_runs_count_at_the_precision_a_t4_gives_them(tmp_path):
     # QLoRA's precision follows the device (bf16 on this CPU); on a T4 qlora_dtypes picks fp16
     with labkit.machine.described("t4"):
-        assert labkit.labs.lora.qlora_dtypes(torch.device("cuda"))[2] == "fp16"
+        assert labkit.labs.lora.qlora.qlora_dtypes(torch.device("cuda"))[2] == "fp16"
     qlora = {"model": labkit.labs.lora.QLORA_MODELS["full"][0], "precision": "bf16"}
     assert full_ledger._precision_on_t4(qlora) == "fp16"
     assert full_ledger._precision_on_t4({"model": "smollm2_135m", "precision": "bf16"}) == "fp32"  # emulated

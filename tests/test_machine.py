@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import labkit
-from labkit import config, env, machine
+from labkit import config, env, launcher, machine
 from labkit.errors import ConfigError
 from labkit.labs import distributed as lab07
 from labkit.labs.quantization import methods
@@ -81,11 +81,11 @@ def test_notebook_07_processes_and_backend(name, device, nproc, backend, model):
         cfg = lab07.workload(labkit.profile("full"))
         assert cfg.device == device and cfg.model == model
         kind = env.resolve_device(cfg.device).type
-        assert lab07.max_processes(kind) == nproc and default_backend(kind) == backend
+        assert launcher.max_processes(kind) == nproc and default_backend(kind) == backend
         if kind == "cuda":
             with pytest.raises(ConfigError, match=r"nproc=3 is not allowed: an integer from 1 to 2: one process "
                                                   r"per device, and this machine has 2 GPU\(s\)"):
-                lab07.launch(cfg, nproc=3)
+                launcher.launch(cfg, nproc=3)
 
 
 def test_the_hang_probe_runs_on_cpu_processes_with_one_gpu():
@@ -94,7 +94,7 @@ def test_the_hang_probe_runs_on_cpu_processes_with_one_gpu():
     cfg = labkit.RunConfig(model="small_cnn", batch_size=32)
     with machine.described("t4"):
         probed, where = probe_config(cfg, 2)
-        assert probed.device == "cpu" and probed.model == lab07.VIT and probed.batch_size == 32
+        assert probed.device == "cpu" and probed.model == launcher.VIT and probed.batch_size == 32
         assert "on 2 CPU processes over gloo" in where and "1 GPU here" in where
     with machine.described("t4", cpu_cores=1):
         probed, where = probe_config(cfg, 2)
@@ -222,7 +222,7 @@ def test_notebook_07_on_cpu_processes_at_full_avoids_batchnorm(monkeypatch, caps
                                                                "image_size": 48, "batch_size": 32})
     with machine.described("cpu_avx2"):
         cfg = lab07.workload(labkit.profile("full"))
-    assert cfg.model == lab07.VIT and cfg.dataset == "shapes10"
+    assert cfg.model == launcher.VIT and cfg.dataset == "shapes10"
     assert "BatchNorm's statistics stay per rank" in " ".join(capsys.readouterr().out.split())
 
 

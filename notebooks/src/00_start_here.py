@@ -60,10 +60,12 @@ print(f"workload: {cfg.model} fine-tuned on {cfg.dataset}, batch {cfg.batch_size
 guess_first_call = None  # YOUR GUESS: first call / warm median, e.g. 3
 
 # %%
-tp = lab.timing_demo(cfg, repeats=P.repeats)
-print(lab.timing(tp))
-print(guesses.versus(guess_first_call, tp.cold_vs_warm, "first call / warm median", "x"))
-plots.bar(tp.to_frame(), x="method", y="time_s");
+demo = lab.timing_demo(cfg, repeats=P.repeats)
+print(guesses.versus(guess_first_call, demo.pitfalls.cold_vs_warm, "first call / warm median", "x"))
+demo
+
+# %%
+plots.bar(demo.frame, x="method", y="time_s");
 
 # %% [markdown]
 # What you should see: on a GPU, the first call is many times slower than the warm median (it allocates
@@ -135,7 +137,7 @@ print(f"synchronised: {right * 1e3:.2f} ms, not synchronised: {wrong * 1e3:.2f} 
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the plain timers agree with labkit's StepTimer, timed alternately so that both see the same load
-assert tp.first_call_s > 0 and tp.warm_median_s > 0
+assert demo.pitfalls.first_call_s > 0 and demo.pitfalls.warm_median_s > 0 and len(demo.frame) == 3
 timers = [median_step_s] + ([median_step_s_events] if device.type == "cuda" else [])
 ratios = {plain_timer.__name__: [] for plain_timer in timers}
 for _ in range(3):  # a few steps with each plain timer, then as many with labkit's, three times over
@@ -251,12 +253,14 @@ assert res.accuracy > 0.2 or res.weights == "random", "well above chance (10%)"
 # Fine-tuning means starting from weights that already know something. The same run from random
 # weights shows what the pretrained start is worth after the same number of steps. Two accuracies on the
 # same test set differ by chance too; labkit calls a difference real only above about two standard errors
-# of that sampling noise (the printed "noise", in percentage points).
+# of that sampling noise.
 
 # %%
-scratch = labkit.fit(cfg.replace(pretrained=False))
-print(lab.compare("pretrained", res, "from scratch", scratch))
-plots.loss_curve({"pretrained": res, "from scratch": scratch});
+scratch = lab.from_scratch(cfg, pretrained=res)  # the same run from random weights, beside the pretrained one
+scratch
+
+# %%
+plots.loss_curve(scratch.runs);
 
 # %% [markdown]
 # ## 5. Achieved FLOP/s
@@ -289,9 +293,11 @@ print(f"MFU: {res.mfu:.1%}" if res.mfu is not None else "No datasheet peak for t
 
 # %%
 measured = labkit.load_reference("00_start_here-baseline*")  # none until a GPU run is shipped
-live, peaks = lab.flops_against_peaks(res, measured)
-print(lab.peaks_finding(live, peaks))
-plots.bar(live, x="setup", y="achieved_flops", reference=peaks, logy=True);
+peaks = lab.flops_against_peaks(res, measured)
+peaks
+
+# %%
+plots.bar(peaks.live, x="setup", y="achieved_flops", reference=peaks.reference, logy=True);
 
 # %% [markdown]
 # ## 6. Your turn: the panel
@@ -372,7 +378,7 @@ exercises.check("00.timer", time_steps)
 # a handful of steps?
 
 # %%
-mine = lab.warmup_numbers(tp)  # your first call and warm median, from section 1
+mine = demo.warmup_numbers()  # your first call and warm median, from section 1
 print(exercises.question("00.warmup_error", mine))
 
 # %%

@@ -19,7 +19,7 @@
 
 # %%
 import labkit
-from labkit import display, equivalence, guesses, plots, views
+from labkit import equivalence, guesses, plots, views
 from labkit.labs import mixed_precision as lab, start_here  # lab: this notebook's experiments and findings
 from labkit.labs.mixed_precision import exercises  # this notebook's exercises: question, check, solution
 from labkit.techniques import precision
@@ -38,8 +38,7 @@ ENV
 # (read from `torch.finfo`):
 
 # %%
-display.table(lab.formats(), ["format", "exponent bits", "mantissa bits", "max", "smallest normal",
-                              "smallest subnormal", "eps (precision near 1)"])
+lab.formats()
 
 # %% [markdown]
 # Both of fp16's problems in three lines, with the fix for the first: multiply by $2^{16}$ before the cast,
@@ -132,19 +131,16 @@ guess_speedup = None  # YOUR GUESS: fp32 step time / LOW step time, e.g. 2
 
 # %%
 cfg = labkit.config.baseline(P)
-runs = lab.compare(cfg)  # fp32, fp32 + TF32, fp16 + GradScaler, bf16 (cached: a rerun is instant)
-df = lab.table(runs)
-print(lab.summary(df))
-print(lab.tf32_finding(df, ENV))
-print(guesses.versus(guess_memory_fraction, lab.peak_fraction(df, LOW), f"{LOW} peak memory / fp32 peak memory"))
-print(guesses.versus(guess_speedup, lab.speedup(df, LOW), f"{LOW} speed / fp32 speed", "x",
-                     band=lab.speedup_band(df, LOW)))  # the ratio the two runs' step-time spreads allow
-ref = lab.table(labkit.load_reference("01_mixed_precision-compare*"))
-plots.bars(df, x="setup", ys=["step_time_s", "peak_memory_bytes", "accuracy"], reference=ref);
+runs = lab.compare(cfg, ENV)  # fp32, fp32 + TF32, fp16 + GradScaler, bf16 (cached: a rerun is instant)
+speedup = runs.speedup(LOW)  # its .band: the ratios the two runs' step-time spreads allow
+print(guesses.versus(guess_memory_fraction, runs.peak_fraction(LOW), f"{LOW} peak memory / fp32 peak memory"))
+print(guesses.versus(guess_speedup, speedup.ratio, f"{LOW} speed / fp32 speed", "x", band=speedup.band))
+runs
 
 # %%
-display.table(df, ["setup", "step_time_s", "step_time_p10_s", "step_time_p90_s", "peak_memory_bytes",
-                   "mem_activations_bytes", "accuracy"])
+df = runs.frame  # one row per setup, every column
+ref = lab.table(labkit.load_reference("01_mixed_precision-compare*"))
+plots.bars(df, x="setup", ys=["step_time_s", "peak_memory_bytes", "accuracy"], reference=ref);
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # every setup ran, except possibly bf16 on a GPU without native bf16 (some pre-Ampere GPUs refuse it)
@@ -173,7 +169,7 @@ for low in by.index.intersection(["bf16", "fp16 + GradScaler"]):
 # ([datasheet](https://www.nvidia.com/en-us/data-center/tesla-t4/)).
 
 # %%
-live, published = lab.speedups(df, labkit.load_reference("01_mixed_precision-speedup-published*"))
+live, published = runs.speedups(labkit.load_reference("01_mixed_precision-speedup-published*"))
 plots.bar(live, x="setup", y="speedup_vs_fp32", reference=published);
 
 # %% [markdown]
@@ -185,7 +181,7 @@ plots.bar(live, x="setup", y="speedup_vs_fp32", reference=published);
 # bytes per parameter).
 
 # %%
-print(start_here.memory(runs["bf16"]))
+print(start_here.memory(runs.runs["bf16"]))
 plots.memory_breakdown(df, label="setup");
 
 # %% [markdown]
@@ -194,17 +190,17 @@ plots.memory_breakdown(df, label="setup");
 # batch, the fixed part does not, so the saving grows with it. A short run per batch size suffices:
 
 # %%
-memory_cfg = cfg.replace(max_steps=P.warmup_steps + 4, evaluate=False)
-mem = labkit.sweep(memory_cfg, precision=["fp32", LOW], batch_size=list(P.batch_sizes))
-print(lab.memory_savings(mem, LOW))
-ref_mem = labkit.load_reference("01_mixed_precision-memory*")
-plots.bars(mem, x="batch_size", hue="precision", ys=["peak_memory_bytes", "mem_activations_bytes"],
-           reference=ref_mem);
+mem = lab.memory_savings(cfg, LOW)  # fp32 and LOW at the profile's batch sizes, a few steps each
+mem
+
+# %%
+plots.bars(mem.frame, x="batch_size", hue="precision", ys=["peak_memory_bytes", "mem_activations_bytes"],
+           reference=labkit.load_reference("01_mixed_precision-memory*"));
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: activations shrink at the largest batch, and the saving grows with the batch (at a small batch autocast's
 # 16-bit weight copies can outweigh what the activations save, when the model is large for its inputs)
-ok = mem[mem.error.isna()]
+ok = mem.frame[mem.frame.error.isna()]
 act = ok.pivot(index="batch_size", columns="precision", values="mem_activations_bytes")
 assert act[LOW].iloc[-1] < act["fp32"].iloc[-1], "activations shrink at the largest batch"
 saved = ok.pivot(index="batch_size", columns="precision", values="peak_memory_bytes").pipe(lambda t: t["fp32"] - t[LOW])
@@ -219,11 +215,11 @@ assert saved.iloc[-1] > saved.iloc[0], "the saving grows with the batch"
 
 # %%
 under = lab.gradient_underflow(cfg, loss_multipliers=(1.0, 1e-3))
-display.table(under, ["loss_multiplier", "run", "zeroed_gradients", "zeroed_fraction", "max_rel_error"])
+under
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: without scaling fp16 zeroes gradients that loss scaling keeps
-small = under[under.loss_multiplier == 1e-3].set_index("run")
+small = under.frame[under.frame.loss_multiplier == 1e-3].set_index("run")
 assert small.loc["fp16, no scaling", "zeroed_gradients"] > small.iloc[2]["zeroed_gradients"]
 assert small.loc["fp32", "zeroed_gradients"] == 0
 
@@ -235,8 +231,8 @@ assert small.loc["fp32", "zeroed_gradients"] == 0
 
 # %%
 trace = lab.scaler_trace(cfg, steps=P.max_steps // 2, init_scale=2.0**20, growth_interval=4)
-print(lab.scaler_finding(trace))
-plots.loss_scale(trace);
+plots.loss_scale(trace.frame)
+print(trace.finding())
 
 # %% [markdown]
 # The scale first falls to a level the gradients tolerate. With a growth interval of 4 it keeps probing upward
@@ -251,7 +247,7 @@ plots.loss_scale(trace);
 # installed PyTorch:
 
 # %%
-display.table(lab.autocast_dtypes(ENV["device"], LOW))
+lab.autocast_dtypes(ENV["device"], LOW)
 
 
 # %% [markdown]
@@ -286,7 +282,7 @@ assert torch.allclose(grad_forced, grad_labkit, rtol=1e-3, atol=1e-6)
 # The advice below uses this machine's capabilities and, on a CPU, section 3's measurements.
 
 # %%
-print(lab.advice(ENV, df))
+print(runs.advice())
 
 # %% [markdown]
 # | hardware | tensor cores | native bf16 | usual choice |
@@ -309,16 +305,16 @@ guess_lm_speedup = None  # YOUR GUESS: e.g. 1.5
 
 # %%
 lm = lab.lm_compare(LOW)  # fp32 and LOW on the language model (cached)
-print(lab.lm_finding(lm, LOW))
-print(guesses.versus(guess_lm_speedup, lab.speedup(lm, LOW), f"{LOW} tokens/s / fp32 tokens/s", "x",
-                     band=lab.speedup_band(lm, LOW)))
-display.table(lm, ["setup", "model", "step_time_s", "tokens_per_s", "peak_memory_bytes", "mem_activations_bytes"])
+lm_speedup = lm.speedup(LOW)
+print(guesses.versus(guess_lm_speedup, lm_speedup.ratio, f"{LOW} tokens/s / fp32 tokens/s", "x", band=lm_speedup.band))
+lm
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: both ran (bf16 may be refused on a GPU without it); where both ran, the activations shrank
-assert lm.error.isna().all() or (LOW == "bf16" and ENV["device"] == "cuda")
-if lm.error.isna().all():
-    assert lm.mem_activations_bytes.iloc[1] < lm.mem_activations_bytes.iloc[0]
+arms = lm.frame
+assert arms.error.isna().all() or (LOW == "bf16" and ENV["device"] == "cuda")
+if arms.error.isna().all():
+    assert arms.mem_activations_bytes.iloc[1] < arms.mem_activations_bytes.iloc[0]
 
 # %% [markdown]
 # The pitfall on a T4: a model loaded in fp16 (`torch_dtype=torch.float16`) and trained under fp16 autocast with a
@@ -368,9 +364,11 @@ panel
 # stores the model and inputs that way; with AMP on a GPU it often helps, on a CPU it depends. Measured here:
 
 # %%
-layouts = labkit.sweep(cfg, precision=["fp32", LOW], channels_last=[False, True])
-print(lab.channels_last_finding(layouts))
-plots.bar(layouts, x="precision", y="step_time_s", hue="channels_last",
+layouts = lab.layouts(cfg, LOW)  # fp32 and LOW, each in both memory layouts
+layouts
+
+# %%
+plots.bar(layouts.frame, x="precision", y="step_time_s", hue="channels_last",
           reference=labkit.load_reference("01_mixed_precision-layouts*"));
 
 # %% [markdown]
@@ -420,13 +418,13 @@ exercises.check("01.amp_step", my_amp_step)
 # Which categories of section 4's breakdown explain the difference, and would it grow at a larger batch?
 
 # %%
-mine = lab.own_saving_numbers(df, LOW)  # your fp32 and LOW runs, from section 3
+mine = runs.own_saving_numbers(LOW)  # your fp32 and LOW runs, from section 3
 print(exercises.question("01.own_saving", mine))
 
 # %%
 answer = None  # YOUR CODE: a fraction between 0 and 1
 exercises.check("01.own_saving", answer, mine)
-print(lab.own_saving_finding(df, LOW))
+print(runs.own_saving(LOW))
 
 # %%
 print(exercises.question("01.amp_saving"))

@@ -22,6 +22,7 @@ import labkit
 from labkit import capacity, display, equivalence, guesses, plots, views
 from labkit.labs import batch_size as lab  # this notebook's experiments and findings
 from labkit.labs.batch_size import exercises  # this notebook's exercises: question, check, solution
+from labkit.runsetup import set_up
 from labkit.widgets import ExperimentPanel
 
 P = labkit.profile()  # read once; nothing below branches on it
@@ -57,12 +58,11 @@ guess_floor_batch = None  # YOUR GUESS: a batch size from the profile's list, e.
 cfg = labkit.config.baseline(P)  # the profile's workload, pretrained, AdamW lr 1e-3
 df = lab.batch_sweep(cfg)  # cached: a rerun is instant, an interrupted sweep keeps its finished runs
 ref = labkit.load_reference("02_batch_size-sweep*", lr_setting="same lr")
-print(guesses.versus(guess_floor_batch, lab.epoch_time_floor(df), "batch where epoch time stops falling"))
-display.table(df, ["batch_size", "steps_per_epoch", "epoch_time_s", "throughput", "inference_time_s",
-                   "peak_memory_bytes", "accuracy"])
+print(guesses.versus(guess_floor_batch, df.floor(), "batch where epoch time stops falling"))
+df
 
 # %%
-plots.lines(df, x="batch_size", ys=["epoch_time_s", "throughput", "inference_time_s", "peak_memory_bytes",
+plots.lines(df.frame, x="batch_size", ys=["epoch_time_s", "throughput", "inference_time_s", "peak_memory_bytes",
                                     "accuracy", "step_time_s"], reference=ref, logx=True);
 
 # %% [markdown]
@@ -80,11 +80,11 @@ plots.lines(df, x="batch_size", ys=["epoch_time_s", "throughput", "inference_tim
 line = capacity.fit_linear_memory(df.batch_size, df.peak_memory_bytes)
 print(f"peak = {line.fixed_bytes / 2**20:.3g} MiB + {line.bytes_per_sample / 1024:.3g} KiB x batch "
       f"(R^2 {line.r2:.3f}): each sample adds {line.bytes_per_sample / 1024:.3g} KiB of activations and buffers")
-display.table(lab.folk_claims(df))
+df.claims()
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every batch size ran, memory grows with the batch along a line
-ok = df[df.error.isna()].sort_values("batch_size")
+ok = df.frame[df.frame.error.isna()].sort_values("batch_size")
 assert len(ok) == len(P.batch_sizes), df.error.dropna().tolist()
 assert ok.peak_memory_bytes.is_monotonic_increasing and line.r2 > 0.95
 assert (ok.steps_per_epoch == P.train_size // ok.batch_size).all()
@@ -109,13 +109,13 @@ assert (ok.steps_per_epoch == P.train_size // ok.batch_size).all()
 # %%
 warmup = P.train_size // max(P.batch_sizes) * P.sweep_epochs // 4  # a quarter of the shortest run
 lr_df = lab.compare_lr_scaling(cfg, warmup_steps=warmup)
-print(lab.lr_scaling_finding(lr_df))
-plots.line(lr_df, x="batch_size", y="accuracy", hue="lr_setting", logx=True,
+print(lr_df.finding())
+plots.line(lr_df.frame, x="batch_size", y="accuracy", hue="lr_setting", logx=True,
            reference=labkit.load_reference("02_batch_size-sweep*"));
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the scaled learning rates follow the linear rule
-scaled = lr_df[lr_df.lr_setting == "scaled"].set_index("batch_size").lr
+scaled = lr_df.frame[lr_df.frame.lr_setting == "scaled"].set_index("batch_size").lr
 assert scaled[cfg.batch_size] == cfg.lr and scaled[8] == cfg.lr * 8 / cfg.batch_size
 
 # %% [markdown]
@@ -156,11 +156,9 @@ def accumulated_gradients(model, images, labels, k):
 
 
 # %%
-labkit.env.set_tf32(False)
-split, device = labkit.train.run_splits(cfg)["train"], labkit.env.resolve_device(cfg.device)
-model = lab.without_batchnorm(labkit.models.build(cfg.model, split.num_classes, pretrained=False)[0]).to(device)
-x = labkit.data.to_model_input(split.images[:cfg.batch_size], split, device, size=cfg.image_size)
-y = split.labels[:cfg.batch_size].to(device)
+s = set_up(cfg.replace(pretrained=False, tf32=False))  # the loop's device, seeded model and first batch
+model, batch = lab.without_batchnorm(s.model), s.batch()
+x, y = batch.images, batch.labels
 whole, accumulated = accumulated_gradients(model, x, y, 1), accumulated_gradients(model, x, y, 4)
 gap = max(float((a - b).abs().max()) for a, b in zip(whole, accumulated, strict=True))
 print(f"largest difference: {gap:.2e}, relative to the largest gradient entry "
@@ -186,11 +184,11 @@ assert gap / max(float(g.abs().max()) for g in whole) < 1e-4, "without BatchNorm
 
 # %%
 acc = lab.accumulation_table(cfg, accum_steps=4)
-display.table(acc, ["batchnorm", "micro_batch_size", "max_abs_grad_diff", "relative_diff"])
+acc
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: only BatchNorm in training mode makes accumulation differ
-gap = acc.set_index("batchnorm").relative_diff
+gap = acc.frame.set_index("batchnorm").relative_diff
 assert gap["none"] < 1e-4 and gap["eval"] < 1e-4, "without batch statistics only float rounding differs"
 assert gap["train"] > 1e-2, "BatchNorm in training mode normalises each micro-batch on its own"
 
@@ -201,9 +199,9 @@ assert gap["train"] > 1e-2, "BatchNorm in training mode normalises each micro-ba
 
 # %%
 epoch_cfg = cfg.replace(max_steps=None, epochs=P.sweep_epochs)  # as in the sweep: grad_accum=1 is cached
-accum = labkit.sweep(epoch_cfg, grad_accum=[1, 2, 4, 8])
-print(lab.accumulation_finding(accum))
-plots.bars(accum, x="grad_accum", ys=["peak_memory_bytes", "step_time_s"],
+accum = lab.accumulation_sweep(epoch_cfg, grad_accum=[1, 2, 4, 8])
+print(accum.finding())
+plots.bars(accum.frame, x="grad_accum", ys=["peak_memory_bytes", "step_time_s"],
            reference=labkit.load_reference("02_batch_size-accumulation*"));
 
 # %% [markdown]
@@ -281,12 +279,12 @@ assert labkit.find_max_batch_size(cfg, budget_bytes=BUDGET, start=search.best, l
 
 # %%
 table = lab.prediction_table(cfg, fit_sizes=(16, 32), check_sizes=(64, 128, 256))
-print(lab.prediction_finding(table))
-plots.line(table, x="batch_size", y="peak_memory_bytes", hue="kind", logx=True);
+print(table.finding())
+plots.line(table.frame, x="batch_size", y="peak_memory_bytes", hue="kind", logx=True);
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: a line through two small batches predicts larger ones within 25 %
-assert table.prediction_error.dropna().abs().max() < 0.25  # a line through two small batches: close, not exact
+assert table.frame.prediction_error.dropna().abs().max() < 0.25  # a line through two small batches: close, not exact
 
 # %% [markdown]
 # The prediction is usually a little low for large batches: two small batches miss per-sample costs that
@@ -309,15 +307,13 @@ guess_lm_peak = None  # YOUR GUESS: e.g. 0.5
 
 # %%
 lm_accum = lab.lm_accumulation()  # grad_accum 1, 2, 4 on the same 8 rows (cached)
-print(lab.lm_accumulation_finding(lm_accum))
-lm_peaks = lm_accum.peak_memory_bytes
+lm_peaks = lm_accum.frame.peak_memory_bytes
 print(guesses.versus(guess_lm_peak, lm_peaks.iloc[-1] / lm_peaks.iloc[0], "peak, 4 micro-batches / one batch"))
-display.table(lm_accum, ["grad_accum", "micro_batch_rows", "tokens_per_step", "peak_memory_bytes", "step_time_s",
-                         "loss_diff"])
+lm_accum
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the same losses as one large batch, with a lower peak in smaller micro-batches
-assert lm_accum.error.isna().all() and (lm_accum.loss_diff < 1e-5).all()
+assert lm_accum.frame.error.isna().all() and (lm_accum.frame.loss_diff < 1e-5).all()
 assert lm_peaks.is_monotonic_decreasing and lm_peaks.iloc[-1] < lm_peaks.iloc[0]
 
 # %% [markdown]

@@ -23,6 +23,7 @@ import labkit
 from labkit import display, guesses, plots, views
 from labkit.labs import memory_savers as lab  # this notebook's experiments and findings
 from labkit.labs.memory_savers import exercises  # this notebook's exercises: question, check, solution
+from labkit.runsetup import set_up
 from labkit.techniques import checkpointing
 from labkit.widgets import ExperimentPanel
 
@@ -44,7 +45,7 @@ labkit.env_report()
 # %%
 cfg = labkit.config.baseline(P)
 check = lab.calculator_check(cfg)
-display.table(check, ["component", "calculated_bytes", "measured_bytes", "difference_bytes", "rounding_bytes"])
+check
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # within 1 %, plus the CUDA allocator's rounding of every tensor up to a multiple of 512 bytes
@@ -56,8 +57,7 @@ assert (check8.difference_bytes.abs() <= 0.01 * check8.measured_bytes + check8.r
 # The same arithmetic for a 7B model (pass other sizes, e.g. `{"175B": 175e9}`, to see theirs):
 
 # %%
-display.table(lab.scale_table({"7B": 7e9}), ["setup", "weights_bytes", "gradients_bytes", "optimizer_state_bytes",
-                                             "master_weights_bytes", "bytes_per_param", "total_bytes"])
+lab.scale_table({"7B": 7e9})
 
 # %% [markdown]
 # A figure from blog posts and slides on 8-bit optimizers: *"8-bit Adam cuts a 175B
@@ -103,12 +103,9 @@ def checkpointed_forward(model, x):
 
 
 # %%
-labkit.env.set_tf32(False)  # TF32's rounding would blur the comparison on an Ampere GPU
-split, device = labkit.train.run_splits(cfg)["train"], labkit.env.resolve_device(cfg.device)
-x = labkit.data.to_model_input(split.images[:16], split, device, size=cfg.image_size)
-y = split.labels[:16].to(device)
-torch.manual_seed(0)
-plain = labkit.models.build(cfg.model, split.num_classes, pretrained=False)[0].to(device)
+s = set_up(cfg.replace(pretrained=False, tf32=False))  # TF32's rounding would blur the comparison on an Ampere GPU
+plain, batch = s.model, s.batch(16)  # the loop's seeded model and first batch
+x, y = batch.images, batch.labels
 mine, engine = copy.deepcopy(plain), checkpointing.apply_checkpointing(copy.deepcopy(plain), True)
 runs = {"plain": (plain, plain), "yours": (mine, lambda t: checkpointed_forward(mine, t)), "labkit": (engine, engine)}
 losses = {name: F.cross_entropy(forward(x), y) for name, (_, forward) in runs.items()}
@@ -144,15 +141,13 @@ guess_activation_fraction = None  # YOUR GUESS: the same for the activations alo
 for k in (1, 2, True):
     print(f"checkpointing={k!r}: segments {checkpointing.checkpoint_segments(cfg.model, k)}")
 tradeoff = lab.checkpoint_tradeoff(cfg)
-print(lab.tradeoff_finding(tradeoff))
-every = tradeoff[tradeoff.error.isna()].iloc[-1]  # every block its own segment
+every = tradeoff.frame[tradeoff.frame.error.isna()].iloc[-1]  # every block its own segment
 print(guesses.versus(guess_peak_fraction, every.peak_ratio, "peak, every block checkpointed / none"))
 print(guesses.versus(guess_activation_fraction, every.activation_ratio, "activations, every block checkpointed / none"))
-plots.checkpoint_tradeoff(tradeoff);
+plots.checkpoint_tradeoff(tradeoff.frame);
 
 # %%
-display.table(tradeoff, ["segments", "segment_blocks", "peak_memory_bytes", "mem_activations_bytes",
-                         "predicted_activation_bytes", "step_time_s", "flops_ratio"])
+tradeoff
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: checkpointing stores fewer activations, costs FLOPs, and learns the same
@@ -199,13 +194,11 @@ def selective(block, x):
 variants = lab.checkpoint_variants({"no checkpointing": lambda block, x: block(x),
                                     "full checkpointing": lambda block, x: checkpoint(block, x, use_reentrant=False),
                                     "selective (save matmuls)": selective})
-print(lab.variants_finding(variants))
-display.table(variants, ["variant", "activation_bytes", "activation_ratio", "flops_ratio", "step_time_s",
-                         "max_grad_diff"])
+variants
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: selective checkpointing sits between none and full, with no extra FLOPs
-v = variants.set_index("variant")
+v = variants.frame.set_index("variant")
 assert (v.max_grad_diff < 1e-5).all(), "every variant computes the same gradients"
 stored = v.activation_bytes
 assert stored["full checkpointing"] < stored["selective (save matmuls)"] < stored["no checkpointing"]
@@ -258,10 +251,10 @@ assert labkit.measure.optimizer_state_bytes(optimizer) == labkit.measure.optimiz
 trainer = labkit.train.Trainer(cfg.replace(optimizer="adamw8bit"))
 trainer.step(*next(iter(trainer.loader)))
 state = lab.optimizer_state_table(trainer.optimizer, trainer.model)
-display.table(state.head(6), ["tensor", "numel", "state_dtype", "state_bytes", "bytes_per_param"])
+display.table(state.frame.head(6), ["tensor", "numel", "state_dtype", "state_bytes", "bytes_per_param"])
 
 # %%
-display.table(lab.state_summary(state))
+display.table(state.summary())
 
 # %% [markdown]
 # So a model saves less the more of its parameters sit in small tensors (BatchNorm, biases, depthwise
@@ -269,8 +262,7 @@ display.table(lab.state_summary(state))
 # (compare the share below `min_8bit_size` with the state ratio):
 
 # %%
-display.table(lab.eight_bit_savings(), ["model", "num_params", "below_min_8bit_share", "adamw_state_bytes",
-                                        "adamw8bit_state_bytes", "state_ratio", "bytes_per_param"])
+lab.eight_bit_savings()
 
 # %% [markdown]
 # Does it cost accuracy? The same fine-tune with AdamW and with 8-bit AdamW. **Predict first:** the
@@ -339,11 +331,9 @@ guess_lm_activations = None  # YOUR GUESS: e.g. 0.3
 
 # %%
 lm_staged = lab.lm_staged()  # baseline, +AMP, +checkpointing, +8-bit AdamW, all together (cached)
-print(lab.lm_finding(lm_staged))
 by_stage = lm_staged.frame.set_index("stage").mem_activations_bytes
 print(guesses.versus(guess_lm_activations, by_stage["+checkpointing"] / by_stage["baseline"], "activations kept"))
-display.table(lm_staged.frame, ["stage", "mem_activations_bytes", "mem_optimizer_state_bytes", "peak_memory_bytes",
-                                "step_time_s", "tokens_per_s"])
+lm_staged
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every stage ran; checkpointing kept fewer activations, 8-bit AdamW a smaller state
@@ -356,7 +346,7 @@ assert lm_st.mem_optimizer_state_bytes["+8-bit optimizer"] < lm_st.mem_optimizer
 # activations): a T4's 15 GiB stops near half a billion parameters; notebook 08 goes further with LoRA and QLoRA.
 
 # %%
-display.table(lab.hub_scale_table(), ["model", "num_params", "setup", "bytes_per_param", "total_gib"])
+lab.hub_scale_table()
 
 # %% [markdown]
 # ## 6. Your turn: the panel
@@ -439,13 +429,13 @@ exercises.check("03.checkpoint", my_checkpointed_forward)
 # with more of its parameters in small tensors save less?
 
 # %%
-mine = lab.eight_bit_numbers(state)  # your model's tensor sizes, from section 3
+mine = state.numbers()  # your model's tensor sizes, from section 3
 print(exercises.question("03.own_8bit", mine))
 
 # %%
 answer = None  # YOUR CODE: bytes
 exercises.check("03.own_8bit", answer, mine)
-print(lab.eight_bit_finding(mine, state))
+print(state.finding())
 
 # %%
 print(exercises.question("03.adam_state"))

@@ -50,7 +50,7 @@ labkit.env_report()
 cfg = labkit.config.baseline(P)  # the profile's pretrained fine-tune (notebook 00)
 model = labkit.models.build(cfg.model, num_classes=10, pretrained=False)[0]
 print(f"{cfg.model}: stages {[name for name, _ in labkit.models.named_stages(model)]}")
-display.table(lab.level_table())
+lab.level_table()
 
 
 # %% [markdown]
@@ -86,12 +86,9 @@ def train_mode(model, frozen_bn):  # call instead of model.train()
 # gradients, the weights and every BatchNorm statistic.
 
 # %%
-labkit.env.set_tf32(False)  # TF32's rounding would blur the comparison on an Ampere GPU
-split, device = labkit.train.run_splits(cfg)["train"], labkit.env.resolve_device(cfg.device)
-x = labkit.data.to_model_input(split.images[:32], split, device, size=cfg.image_size)
-y = split.labels[:32].to(device)
-torch.manual_seed(0)
-start = labkit.models.build(cfg.model, split.num_classes)[0].to(device)
+run = labkit.runsetup.set_up(cfg.replace(tf32=False))  # the run's device, seeded model, data; no TF32
+x, y = (batch := run.batch(32)).images, batch.labels  # its first 32 training images
+start = run.model
 mine_bn = freeze_stages(mine := copy.deepcopy(start), freezing.frozen_stages(start, "heavy"))
 engine = freezing.freeze(copy.deepcopy(start), "heavy")
 for label, model in (("yours", mine), ("labkit", engine)):
@@ -131,16 +128,15 @@ guess_state_fraction = None  # YOUR GUESS: head_only optimizer state / no freezi
 
 # %%
 sweep = lab.level_sweep(cfg)
-head, none = sweep.set_index("level").loc["head_only"], sweep.set_index("level").loc["none"]
-print(guesses.versus(guess_time_fraction, head.time_ratio, "step time, head_only / none", "x",
-                     band=lab.time_band(head, none)))  # the ratio the two runs' spreads allow
+step, head = sweep.step_time("head_only"), sweep.set_index("level").loc["head_only"]  # step: against none
+print(guesses.versus(guess_time_fraction, step.ratio, "step time, head_only / none", "x",
+                     band=step.band))  # the ratio the two runs' spreads allow
 print(guesses.versus(guess_state_fraction, head.state_ratio, "optimizer state, head_only / none", "x"))
 plots.bars(sweep, x="level", ys=["step_time_s", "accuracy"])
 plots.memory_breakdown(sweep, label="level");
 
 # %%
-display.table(sweep, ["level", "num_trainable_params", "step_time_s", "backward_flops",
-                      "mem_optimizer_state_bytes", "saved_activation_bytes", "accuracy"])
+sweep.table()  # its finding follows in 3.1
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: each level trains less, keeps less, and its backward pass is exactly the layer-by-layer count
@@ -167,7 +163,7 @@ assert ok.state_ratio["head_only"] <= 0.10 and grads["head_only"] < 0.05 * grads
 # the FLOP counter's measurement:
 
 # %%
-print(lab.levels_finding(sweep))
+print(sweep.finding())
 plots.bars(sweep, x="level", ys=["backward_flops", "saved_activation_bytes"]);
 
 # %% [markdown]
@@ -183,7 +179,7 @@ plots.bars(sweep, x="level", ys=["backward_flops", "saved_activation_bytes"]);
 # step time saved, and the loss is more than test-set noise. On this run:
 
 # %%
-print(lab.tradeoff_finding(sweep, "heavy"))
+print(sweep.claim("heavy"))
 
 # %% [markdown]
 # The claim may hold (a loss beyond noise, larger in share than the time saved), hold only in part (a real
@@ -199,9 +195,7 @@ print(lab.tradeoff_finding(sweep, "heavy"))
 
 # %%
 demo = lab.batchnorm_demo(cfg, "head_only")
-print(demo.finding())
-display.table(demo.frame, ["variant", "frozen_weight_change", "running_mean_change", "feature_change_fraction",
-                           "accuracy"])
+demo
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: kept in eval mode nothing frozen moves; with requires_grad_(False) alone the statistics do
@@ -230,13 +224,13 @@ guess_cache_speedup = None  # YOUR GUESS: epoch time through the network / on th
 caching = lab.feature_caching(cfg)
 print(caching.finding())
 print(guesses.versus(guess_cache_speedup, caching.speedup, "head-only epoch: network / cache", "x"))
-plots.bar(caching.frame, x="method", y="epoch_time_s");
+plots.bar(caching, x="method", y="epoch_time_s");
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the cache trains the same head (the same computation), and an epoch on it is faster
 assert caching.head_weight_diff < 1e-3 and caching.speedup > 1
-acc = caching.frame.accuracy
-assert abs(acc[0] - acc[1]) <= labkit.measure.accuracy_noise(acc.mean(), P.test_size)
+acc = [labkit.measure.Measured.accuracy(a, P.test_size) for a in caching.frame.accuracy]
+assert not labkit.measure.compare(*acc)  # no difference beyond the test noise
 
 # %% [markdown]
 # Both ways train the same head on the same features, so their accuracies match up to float rounding. The
@@ -253,10 +247,8 @@ assert abs(acc[0] - acc[1]) <= labkit.measure.accuracy_noise(acc.mean(), P.test_
 
 # %%
 schedules = lab.schedule_runs(cfg, sweep)
-print(lab.schedule_finding(schedules, P.test_size))
 plots.bars(schedules, x="setup", ys=["accuracy", "mean_step_time_s"])
-display.table(schedules, ["setup", "kind", "accuracy", "mean_step_time_s", "num_trainable_params",
-                          "peak_memory_bytes", "schedule"])
+schedules
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every schedule ran and ended with the whole network training, optimizer state included
@@ -361,13 +353,13 @@ exercises.check("05.param_groups", my_param_groups)
 # by layer. The line under the check compares your arithmetic with the FLOP counter's measurement.
 
 # %%
-mine = lab.backward_numbers(sweep, "heavy")  # your model's FLOPs at heavy, from section 3
+mine = sweep.own_backward("heavy")  # your model's FLOPs at heavy, from section 3
 print(exercises.question("05.own_backward", mine))
 
 # %%
 answer = None  # YOUR CODE: GFLOP
 exercises.check("05.own_backward", answer, mine)
-print(lab.backward_check(mine, sweep))
+print(sweep.backward_check(mine))
 
 # %%
 print(exercises.question("05.head_state"))

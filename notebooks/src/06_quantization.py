@@ -97,16 +97,15 @@ for symmetric in (False, True):
 cnn, cnn_result = lab.fine_tuned(cnn_cfg)
 cnn_weight = max((m.weight for m in cnn.modules() if isinstance(m, nn.Conv2d)), key=lambda t: t.numel())
 errors = lab.scheme_errors({f"{vit_cfg.model} qkv": w, f"{cnn_cfg.model} largest conv": cnn_weight})
-print(lab.scheme_finding(errors))
-display.table(errors, ["weight", "scheme", "granularity", "mean_abs_error", "max_abs_error", "relative_error"])
+errors
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: labkit's per-channel integers are torch.quantize_per_channel's, and per channel never loses to per tensor
 scales, zeros = quantization.affine_qparams(w, symmetric=True, dim=0)
 mine = quantization.quantize_affine(w, scales, zeros, symmetric=True, dim=0)
 assert torch.equal(mine, torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8).int_repr().long())
-e = errors.set_index(["weight", "scheme", "granularity"]).relative_error
-for name in errors.weight.unique():
+e = errors.frame.set_index(["weight", "scheme", "granularity"]).relative_error
+for name in errors.frame.weight.unique():
     for scheme in ("symmetric", "asymmetric"):
         assert e[(name, scheme, "per channel")] <= e[(name, scheme, "per tensor")] * 1.001
 
@@ -136,32 +135,32 @@ guess_size_fraction = None  # YOUR GUESS: int8 dynamic file / fp32 file, e.g. 0.
 guess_speedup = None  # YOUR GUESS: fp32 latency / int8 dynamic latency on the CPU, e.g. 2
 
 # %%
-table = lab.compare({vit_cfg.model: vit_cfg, cnn_cfg.model: cnn_cfg})  # every method, both models
-print(lab.compare_finding(table))
-dyn = table[(table.model == vit_cfg.model) & (table.method == "int8_dynamic")].iloc[0]
+table = lab.method_comparison({vit_cfg.model: vit_cfg, cnn_cfg.model: cnn_cfg})  # every method, both models
+dyn = table.row(vit_cfg.model, "int8_dynamic")
 print(guesses.versus(guess_size_fraction, dyn.size_vs_fp32, "int8 dynamic file / fp32 file"))
 print(guesses.versus(guess_speedup, dyn.cpu_speedup, "int8 dynamic CPU speed-up"))
-plots.bars(table, x="method", ys=lab.chart_metrics(table), hue="model");
+plots.bars(table.frame, x="method", ys=table.metrics(), hue="model");
 
 # %%
-display.table(table, lab.table_columns(table))  # `table` has every column: api, ratios, noise, threads, ...
+table  # `table.frame` has every column: api, ratios, noise, threads, ...
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every method ran or says why; int8 shrinks the Linear-heavy model to under a third; the
 # casts halve both files; nothing that ran lost more than a few points on the ViT
-t = table.set_index(["model", "method"])
-assert (table.ran | table.reason.notna()).all()
+t = table.frame.set_index(["model", "method"])
+assert (t.ran | t.reason.notna()).all()
 assert t.size_vs_fp32[(vit_cfg.model, "int8_dynamic")] <= 0.30
 assert 0.45 < t.size_vs_fp32[(vit_cfg.model, "fp16")] < 0.55 and 0.45 < t.size_vs_fp32[(cnn_cfg.model, "bf16")] < 0.55
 assert t.size_vs_fp32[(cnn_cfg.model, "int8_dynamic")] > 0.9  # the CNN's convolutions stay float
-noise = labkit.measure.accuracy_noise(t.test_accuracy[(vit_cfg.model, "fp32")], min(P.test_size, lab.EVAL_IMAGES))
+fp32 = t.loc[(vit_cfg.model, "fp32")]
+noise = labkit.measure.accuracy_noise(fp32.test_accuracy, int(fp32.test_images))
 for method in ("fp16", "bf16", "int8_dynamic", "int8_weight_only", "int8_bnb"):
     if t.ran[(vit_cfg.model, method)]:
         assert t.accuracy_drop[(vit_cfg.model, method)] <= noise + 0.02, method
 
 # %% [markdown]
 # Latencies are timed in turns, fp32 twice: the gap between the two is the **timing noise**, and a speed-up inside
-# it counts as "the same". The gain is bounded by the time in the layers int8 replaces: softmax,
+# it counts as "within the noise". The gain is bounded by the time in the layers int8 replaces: softmax,
 # LayerNorm and GELU stay in float, so a model at 50 % Linear time cannot run more than 2x faster (Amdahl's law).
 # int8 gains most on CPUs with AVX512-VNNI or AMX. The `int8_qat` row had extra fine-tuning steps.
 #
@@ -171,7 +170,7 @@ for method in ("fp16", "bf16", "int8_dynamic", "int8_weight_only", "int8_bnb"):
 # subclass, runs on CPU and GPU, and is written to be compiled:
 
 # %%
-print(lab.api_finding(table))
+print(table.api_finding())
 
 # %% [markdown]
 # In eager mode torchao quantizes activations in separate operations, `quantize_dynamic` in one fused kernel.
@@ -218,14 +217,13 @@ guess_pt2e_points = None  # YOUR GUESS: PT2E accuracy - FX accuracy, in points, 
 
 # %%
 flows = lab.flows(cnn_cfg)  # the table's FX row beside PT2E, the same calibration batches
-print(lab.flows_finding(flows, cnn_cfg.model))
-print(guesses.versus(guess_pt2e_points, (flows.test_accuracy.iloc[2] - flows.test_accuracy.iloc[1]) * 100,
-                     "PT2E - FX, points"))
-display.table(flows, ["flow", "model_size_bytes", "size_vs_fp32", "test_accuracy", "int8_layers", "same_layers"])
+pt2e_points = (flows.frame.test_accuracy.iloc[2] - flows.frame.test_accuracy.iloc[1]) * 100
+print(guesses.versus(guess_pt2e_points, pt2e_points, "PT2E - FX, points"))
+flows
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: both flows stored the same layers in int8 and shrank the CNN alike
-assert flows.same_layers.iloc[1:].all() and (flows.size_vs_fp32.iloc[1:] < 0.35).all()
+assert flows.frame.same_layers.iloc[1:].all() and (flows.frame.size_vs_fp32.iloc[1:] < 0.35).all()
 
 # %% [markdown]
 # Both use one x86 recipe (int8 weights per channel, uint8 activations): the same layers, nearly the same numbers.
@@ -239,7 +237,7 @@ assert flows.same_layers.iloc[1:].all() and (flows.size_vs_fp32.iloc[1:] < 0.35)
 # ### 3.1 "int8 quantization makes a model four times smaller"
 
 # %%
-print(lab.size_finding(table))
+print(table.size_finding())
 
 # %% [markdown]
 # It holds for the Linear-heavy model only. `quantize_dynamic` and torchao's configs replace **Linear** layers; a
@@ -249,7 +247,7 @@ print(lab.size_finding(table))
 # ### 3.2 "fp16 is the fastest way to run a model"
 
 # %%
-print(lab.fp16_finding(table))
+print(table.fp16_finding())
 
 # %% [markdown]
 # fp16 always halves the file, but it is faster only where the hardware computes in fp16: GPUs with tensor cores
@@ -259,11 +257,12 @@ print(lab.fp16_finding(table))
 
 # %%
 stack = lab.stacking(vit_cfg)
-print(stack)
+stack
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the fp16 model quantized to int8 dynamic cannot run on fp16 inputs
-assert stack.fp16_input_error is not None and stack.int8_bytes < stack.fp16_bytes
+sizes = stack.frame.set_index("variant").model_size_bytes
+assert stack.fp16_input_error is not None and sizes["int8 dynamic"] < sizes["fp16"]
 
 # %% [markdown]
 # With `torch.ao`'s int8 dynamic quantization they do not stack: its kernels take float32 activations only.
@@ -277,18 +276,19 @@ assert stack.fp16_input_error is not None and stack.int8_bytes < stack.fp16_byte
 
 # %%
 sensitive = lab.sensitivity(vit_cfg)
-print(lab.sensitivity_finding(sensitive))
+studies = sensitive.frame
 fig, (left, right) = plots.grid(2)
-plots.bar(sensitive[sensitive.study.isin(["fp32", "int8 static"])], x="choice", y="val_accuracy", ax=left)
-plots.bar(sensitive[sensitive.study.str.contains("simulated")], x="label", y="val_accuracy", ax=right)
+plots.bar(studies[studies.study.isin(["fp32", "int8 static"])], x="choice", y="val_accuracy", ax=left)
+plots.bar(studies[studies.study.str.contains("simulated")], x="label", y="val_accuracy", ax=right)
 fig.tight_layout()
+sensitive
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: each int8 choice keeps what it says in float, and more float layers never make the file smaller
-s = sensitive[sensitive.study == "int8 static"].set_index("choice")
+s = studies[studies.study == "int8 static"].set_index("choice")
 assert list(s.index) == list(lab.KEEP_FLOAT_CHOICES)
-assert s.model_size_bytes["all int8"] <= s.model_size_bytes["first+last+LN float"] < sensitive.model_size_bytes.iloc[0]
-assert set(sensitive.study) == {"fp32", "int8 static", *(f"{b}-bit weights (simulated)" for b in lab.SIMULATED_BITS)}
+assert s.model_size_bytes["all int8"] <= s.model_size_bytes["first+last+LN float"] < studies.model_size_bytes.iloc[0]
+assert set(studies.study) == {"fp32", "int8 static", *(f"{b}-bit weights (simulated)" for b in lab.SIMULATED_BITS)}
 
 
 # %% [markdown]
@@ -338,15 +338,15 @@ guess_qat_points = None  # YOUR GUESS: QAT accuracy - PTQ accuracy, in points, e
 
 # %%
 recipes = lab.qat_vs_ptq(vit_cfg)  # PTQ at once; more float steps, then PTQ; QAT steps
-print(lab.qat_finding(recipes))
-gain = (recipes.test_accuracy.iloc[2] - recipes.test_accuracy.iloc[0]) * 100
+gain = (recipes.frame.test_accuracy.iloc[2] - recipes.frame.test_accuracy.iloc[0]) * 100
 print(guesses.versus(guess_qat_points, gain, "QAT - PTQ, points"))
-display.table(recipes, ["recipe", "extra_train_time_s", "step_time_s", "quantize_s", "test_accuracy"])
+recipes
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the two continued runs took the same number of steps, and both were timed
-assert recipes.extra_steps.iloc[1] == recipes.extra_steps.iloc[2] > 0
-assert (recipes.test_accuracy.between(0, 1)).all() and recipes.step_time_s.iloc[1:].gt(0).all()
+r = recipes.frame
+assert r.extra_steps.iloc[1] == r.extra_steps.iloc[2] > 0
+assert (r.test_accuracy.between(0, 1)).all() and r.step_time_s.iloc[1:].gt(0).all()
 
 # %% [markdown]
 # QAT pays where PTQ loses accuracy: 4 bits and below, models with outliers. When PTQ is already within the
@@ -363,15 +363,13 @@ guess_lm_size = None  # YOUR GUESS: e.g. 0.25
 
 # %%
 lm_quant = lab.lm_quantization()  # fp32, int8 dynamic (output layer int8 or float), fp32 timed again (cached)
-print(lab.lm_quantization_finding(lm_quant))
-print(guesses.versus(guess_lm_size, lm_quant.size_ratio.iloc[1], "int8 file / fp32 file"))
-display.table(lm_quant, ["variant", "model_size_bytes", "latency_per_token_s", "vs_fp32", "exact_match",
-                         "perplexity"])
+print(guesses.versus(guess_lm_size, lm_quant.frame.size_ratio.iloc[1], "int8 file / fp32 file"))
+lm_quant
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: int8 shrinks the file (embeddings stay float), least with an int8 copy of a tied output layer, and keeps
 # the answers' perplexity close to fp32's
-q = lm_quant.set_index("variant")
+q = lm_quant.frame.set_index("variant")
 smaller, larger = (lab.HEAD_FLOAT, lab.ALL_INT8) if q.tied[lab.FP32] else (lab.ALL_INT8, lab.HEAD_FLOAT)
 assert q.size_ratio[smaller] < q.size_ratio[larger] < 1
 assert (q.perplexity[[lab.ALL_INT8, lab.HEAD_FLOAT]] < 1.2 * q.perplexity[lab.FP32]).all()
@@ -457,7 +455,7 @@ exercises.check("06.per_channel", per_channel_int8)
 # dynamic did to its file. After answering: why did the file keep a little more than your estimate?
 
 # %%
-mine = lab.own_size_numbers(table, vit_cfg.model)
+mine = table.own_size_numbers(vit_cfg.model)
 print(exercises.question("06.own_size", mine))
 
 # %%

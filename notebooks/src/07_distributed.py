@@ -24,7 +24,8 @@ import torch
 
 import labkit
 from labkit import display, guesses, plots, views
-from labkit.labs import distributed as lab  # this notebook's experiments and findings
+from labkit import launcher  # torchrun jobs from the notebook: launch, run_script
+from labkit.labs import distributed as lab  # this notebook's experiments, each a result: table and finding
 from labkit.labs.distributed import exercises  # this notebook's exercises: question, check, solution
 from labkit.techniques import distributed
 from labkit.widgets import ExperimentPanel
@@ -32,7 +33,7 @@ from labkit.widgets import ExperimentPanel
 P = labkit.profile()  # read once; nothing below branches on it
 cfg = lab.workload(P)  # tiny_vit (LayerNorm, no BatchNorm) on the offline data; the profile's workload at full
 print(f"{cfg.model}, global batch {cfg.batch_size}, {cfg.max_steps} steps; this machine runs up to "
-      f"{lab.max_processes(labkit.env.resolve_device(cfg.device).type)} processes per job")
+      f"{launcher.max_processes(labkit.env.resolve_device(cfg.device).type)} processes per job")
 labkit.env_report()
 
 # %% [markdown]
@@ -46,8 +47,7 @@ labkit.env_report()
 
 # %%
 dp = lab.dp_vs_ddp(cfg)
-print(dp.finding())
-dp.table()  # nothing without two GPUs
+dp  # the finding alone without two GPUs
 
 # %% [markdown]
 # ## 2. The mechanism in plain PyTorch
@@ -64,7 +64,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 from labkit.data import make_loader
-from labkit.labs.distributed import plain_exit, plain_setup, plain_summary, plain_write
+from labkit.labs.distributed.plain import plain_exit, plain_setup, plain_summary, plain_write
 
 # %%
 # %%writefile -a ddp_plain.py
@@ -107,13 +107,13 @@ plain_exit()
 # first one's order. Since every rank starts from rank 0's weights and applies the same averaged gradient, the
 # copies stay identical without resending weights.
 #
-# `lab.run_script` starts `torchrun --standalone --nproc_per_node=2 ddp_plain.py CONFIG OUT`; `lab.launch`
+# `launcher.run_script` starts `torchrun --standalone --nproc_per_node=2 ddp_plain.py CONFIG OUT`; `launcher.launch`
 # runs labkit's engine on the same small run:
 
 # %%
 small = lab.mechanism_config()  # 8 steps of tiny_vit on the CPU: the same on every machine
-mine = lab.run_script("ddp_plain.py", small, nproc=2)
-engine = lab.launch(small, nproc=2)
+mine = launcher.run_script("ddp_plain.py", small, nproc=2)
+engine = launcher.launch(small, nproc=2)
 print("your losses:  ", " ".join(f"{v:.4f}" for v in mine["losses"]))
 print("labkit's:     ", " ".join(f"{v:.4f}" for v in engine.losses))
 print(f"weights: yours {mine['weights_sha256'][0][:16]}..., labkit's {engine.distributed['weights_sha256'][0][:16]}...")
@@ -136,15 +136,18 @@ assert engine.distributed["world_size"] == 2 and engine.distributed["backend"] =
 
 # %%
 eq = lab.equivalence(cfg, nproc=2)
-print(eq.finding())
+eq
+
+# %%
 fig, axes = plots.grid(2)
 plots.loss_curve({"1 process": eq.one, "2 processes": eq.many}, ax=axes[0])
-plots.line(eq.frame, x="step", y="loss_difference", ax=axes[1]);  # the curves on the left overlap
+plots.line(eq.curves, x="step", y="loss_difference", ax=axes[1]);  # the curves on the left overlap
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the same training on 1 and 2 processes, identical weights on both ranks
 assert eq.identical_weights and eq.early_difference < 1e-3  # GPUs drift a little after many steps
-assert abs(eq.one.accuracy - eq.many.accuracy) <= labkit.measure.accuracy_noise(eq.one.accuracy, P.test_size)
+accuracies = [labkit.measure.Measured.accuracy(r.accuracy, P.test_size) for r in (eq.one, eq.many)]
+assert not labkit.measure.compare(*accuracies)  # the accuracies apart by no more than the test set's noise
 
 # %% [markdown]
 # The gap on the right is rounding: the all-reduce adds the ranks' gradients in another order (on GPUs,
@@ -164,13 +167,11 @@ guess_speedup = None  # YOUR GUESS: throughput of 2 processes / 1 process, e.g. 
 
 # %%
 scale = lab.scaling(cfg)  # 1, 2, 4, ... processes, up to this machine's cores or GPUs
-print(lab.scaling_finding(scale))
-print(guesses.versus(guess_speedup, scale.speedup.iloc[1], "speed-up, 2 processes / 1", "x"))
-plots.bars(scale, x="world_size", ys=["throughput", "efficiency", "comm_share"]);
+scale
 
 # %%
-display.table(scale, ["world_size", "threads_per_rank", "step_time_s", "throughput", "efficiency", "comm_share",
-                      "launch_time_s"])
+print(guesses.versus(guess_speedup, scale.speedup.iloc[1], "speed-up, 2 processes / 1", "x"))
+plots.bars(scale.frame, x="world_size", ys=["throughput", "efficiency", "comm_share"]);
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: one row per world size, each measured; the efficiency is the formula's
@@ -195,9 +196,7 @@ assert abs(last.efficiency - scale.step_time_s.iloc[0] / (last.world_size * last
 
 # %%
 buckets = lab.bucket_sweep(cfg, sizes=(0.25, 25))
-print(lab.bucket_finding(buckets))
-display.table(buckets, ["bucket_cap_mb", "allreduces_per_step", "allreduced_per_step_bytes", "step_time_s",
-                        "comm_share"])
+buckets
 
 # %% [markdown]
 # A single all-reduce at 25 MB means the gradients ("allreduced per step") fit in one bucket, which starts only
@@ -209,15 +208,15 @@ display.table(buckets, ["bucket_cap_mb", "allreduces_per_step", "allreduced_per_
 # `full`) a micro-batch, like an FSDP rank, normalises over its own samples: its losses differ beyond rounding.
 
 # %%
-accumulated = lab.launch(cfg.replace(grad_accum=2), nproc=2)
-print(lab.accumulation_finding(eq.many, accumulated))
+accumulated = lab.accumulation(cfg, grad_accum=2, nproc=2)
+accumulated
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: no_sync left one round of all-reduces per optimizer step, and the training is the same (without BatchNorm)
-per_step = accumulated.distributed["ranks"][0]["allreduces_per_step"]
-assert per_step == eq.many.distributed["ranks"][0]["allreduces_per_step"]
+plain, micro = accumulated.iloc[0], accumulated.iloc[1]
+assert micro.grad_accum == 2 and micro.allreduces_per_step == plain.allreduces_per_step
 batchnorm = lab.uses_batch_statistics(cfg)  # BatchNorm: a micro-batch normalises over its own samples
-assert batchnorm or max(abs(a - b) for a, b in zip(accumulated.losses[:10], eq.many.losses[:10], strict=True)) < 1e-3
+assert batchnorm or max(abs(a - b) for a, b in zip(micro.losses[:10], plain.losses[:10], strict=True)) < 1e-3
 
 # %% [markdown]
 # ## 5. When a rank dies
@@ -234,8 +233,8 @@ guess_fault_s = None  # YOUR GUESS: seconds until the job ends, e.g. 60
 
 # %%
 died = lab.fault_demo(cfg, fail_rank=1, fail_step=3, how="raise")
-print(died.finding())
 print(guesses.versus(guess_fault_s, died.elapsed_s, "seconds until the job ended", "s"))
+died
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the job ended quickly with a non-zero exit, naming the rank that failed
@@ -249,7 +248,7 @@ assert "rank 1 failed after step 3" in str(died.error)
 
 # %%
 stuck = lab.fault_demo(cfg, fail_rank=1, fail_step=3, how="hang", timeout_s=3)
-print(stuck.finding())
+stuck
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the timeout ended the hang, and the silent rank is the one named
@@ -266,17 +265,15 @@ assert stuck.error.rank == 1 and "stopped taking part" in str(stuck.error) and s
 # 16 GB T4:
 
 # %%
-display.table(lab.fsdp_sizing(num_params=1.5e9, gpu_bytes=16e9), ["strategy", "gpus", "per_gpu_bytes", "fits"])
+lab.fsdp_sizing(num_params=1.5e9, gpu_bytes=16e9)
 
 # %% [markdown]
-# FSDP2's `fully_shard` runs on gloo too, so the same job can be sharded here (`lab.launch(..., strategy="fsdp")`:
+# FSDP2's `fully_shard` runs on gloo too, so the same job can be sharded here (`launcher.launch(..., strategy="fsdp")`:
 # `fully_shard` on each block, then on the model, before the optimizer is built):
 
 # %%
 sharded = lab.fsdp_comparison(cfg, nproc=2)
-print(lab.fsdp_finding(sharded))
-display.table(sharded, ["strategy", "parameter_bytes", "optimizer_state_bytes", "peak_memory_bytes",
-                        "step_time_s", "comm_share"])
+sharded
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: FSDP holds about half the parameters and optimizer state per rank and trains the same model (no BatchNorm)
@@ -304,7 +301,7 @@ display.table(labkit.results.published("07_distributed-*"))
 panel = ExperimentPanel(
     run=lab.panel_run, base=cfg,
     controls={"grad_accum": [1, 2, 4], "max_steps": (P.max_steps // 2, 2 * P.max_steps, P.max_steps // 2)},
-    options={"nproc": list(range(1, lab.max_processes(labkit.env.resolve_device(cfg.device).type) + 1)),
+    options={"nproc": list(range(1, launcher.max_processes(labkit.env.resolve_device(cfg.device).type) + 1)),
              "bucket_cap_mb": [0.25, 1.0, 25.0]},
     show=views.Bars("setup", ("throughput", "allreduces_per_step")), estimate=lab.panel_estimate,
     title="Distributed data parallel")

@@ -38,7 +38,7 @@ labkit.env_report()
 # A LoRA layer as it circulates in blog posts and forum answers:
 
 # %%
-print(lab.blog_snippet())  # the source of lab.BlogLoRALayer
+print(lab.blog_snippet())  # the source of labkit.labs.lora.layer.BlogLoRALayer
 
 # %% [markdown]
 # Four things are wrong with it, each measured by the next cell:
@@ -51,13 +51,14 @@ print(lab.blog_snippet())  # the source of lab.BlogLoRALayer
 #    inputs), so each change of `B` moves the output as much more: a learning rate far too high.
 
 # %%
-display.table(lab.blog_snippet_problems(), ["problem", "what_happens"])
+problems = lab.blog_snippet_problems()
+problems
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the blog layer fails as described, and its square-layer merge is silently wrong
-problems = lab.blog_snippet_problems().what_happens
-assert "AttributeError" in problems.iloc[0] and "RuntimeError" in problems.iloc[1] and "off by" in problems.iloc[1]
-assert "0.25x" in problems.iloc[2]
+happens = problems.frame.what_happens
+assert "AttributeError" in happens.iloc[0] and "RuntimeError" in happens.iloc[1] and "off by" in happens.iloc[1]
+assert "0.25x" in happens.iloc[2]
 
 
 # %% [markdown]
@@ -143,11 +144,11 @@ model = lora.add_lora(lab.fresh_model(cfg), rank=8, alpha=16, targets=["q_proj",
 adapted = lora.lora_layers(model)
 print(f"{cfg.model}: {len(adapted)} adapted layers, e.g. {list(adapted)[:2]}")
 counts = lab.target_table(cfg, ranks=(1, 8, 64))
-display.table(counts, ["targets", "rank", "layers", "adapter_params", "trainable_params", "trainable_share"])
+counts
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: each adapter is rank x (in + out), and on a language model nothing but the adapters trains
-by = counts.set_index(["targets", "rank"])
+by = counts.frame.set_index(["targets", "rank"])
 per_layer = sum(lora.adapter_numel(layer.in_features, layer.out_features, 8) for layer in adapted.values())
 assert by.loc[("q_proj,v_proj", 8), "adapter_params"] == per_layer == by.loc[("q_proj,v_proj", 8), "trainable_params"]
 assert (by.adapter_params == by.trainable_params).all() and (by.trainable_share < 0.5).all()
@@ -176,14 +177,13 @@ assert published.trainable_params.iloc[0] == 294_912
 
 # %%
 side_by_side = lab.peft_comparison(cfg, rank=8)
-display.table(side_by_side, ["targets", "layers", "labkit_trainable_params", "peft_trainable_params",
-                             "max_output_diff", "max_grad_diff"])
+side_by_side
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the same trainable parameters, outputs and adapter gradients as PEFT
-assert (side_by_side.labkit_trainable_params == side_by_side.peft_trainable_params).all()
-assert (side_by_side.max_output_diff < 1e-4).all()
-assert (side_by_side.max_grad_diff <= 1e-4 * side_by_side.max_grad.clip(lower=1)).all()
+agree = side_by_side.frame
+assert (agree.labkit_trainable_params == agree.peft_trainable_params).all() and (agree.max_output_diff < 1e-4).all()
+assert (agree.max_grad_diff <= 1e-4 * agree.max_grad.clip(lower=1)).all()
 
 # %% [markdown]
 # What a LoRA fine-tune ships is the adapter alone. PEFT's `save_pretrained` writes the A and B matrices and their
@@ -192,12 +192,13 @@ assert (side_by_side.max_grad_diff <= 1e-4 * side_by_side.max_grad.clip(lower=1)
 
 # %%
 saved = lab.peft_roundtrip(cfg, rank=8)  # rank 8 on q_proj, v_proj
-print(lab.roundtrip_finding(saved))
+saved
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the adapter is a small share of the model, reloads exactly and merges as labkit merges
-assert saved["adapter_share"] < 0.1 and saved["reload_diff"] < 1e-5 and saved["merge_diff"] < 1e-4
-assert saved["lora_layers_after_merge"] == 0
+adapter = saved.frame.iloc[0]
+assert adapter.adapter_share < 0.1 and adapter.reload_diff < 1e-5 and adapter.merge_diff < 1e-4
+assert adapter.lora_layers_after_merge == 0
 
 # %% [markdown]
 # ## 4. Rank and targets
@@ -214,18 +215,16 @@ guess_share = None  # YOUR GUESS: trainable share at rank 8 on q_proj,v_proj, e.
 guess_step_ratio = None  # YOUR GUESS: LoRA's step time / full fine-tuning's, e.g. 0.7
 
 # %%
-frame = lab.rank_sweep(cfg)  # full, head only, LoRA per rank on q_proj,v_proj and all-linear (cached)
-print(lab.sweep_finding(frame))
-r8, full = frame.set_index("setup").loc["LoRA q_proj,v_proj r8"], frame.set_index("setup").loc["full fine-tune"]
+sweep = lab.rank_sweep(cfg)  # full, head only, LoRA per rank on q_proj,v_proj and all-linear (cached)
+r8, full = sweep.row("LoRA q_proj,v_proj r8"), sweep.row("full fine-tune")
 print(guesses.versus(guess_share, r8.trainable_share, "trainable share, rank 8 on q_proj,v_proj"))
-spreads = [(r.step_time_p10_s, r.step_time_p90_s) for r in (r8, full)]  # each run's 10th-90th percentile
-print(guesses.versus(guess_step_ratio, r8.step_time_s / full.step_time_s, "step time, LoRA r8 / full",
-                     band=labkit.measure.ratio_band(*spreads)))
-display.table(frame, ["setup", "num_trainable_params", "mem_optimizer_state_bytes", "mem_activations_bytes",
-                      "step_time_s", "tokens_per_s", "exact_match"])
+step = sweep.step_against_full("LoRA q_proj,v_proj r8")  # band: what each run's 10th-90th percentile allows
+print(guesses.versus(guess_step_ratio, step.ratio, "step time, LoRA r8 / full", band=step.band))
+sweep
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every run finished; trainable parameters grow with the rank; LoRA's optimizer state is smaller
+frame = sweep.frame
 assert frame.error.isna().all() and frame.exact_match.between(0, 1).all()
 lora_rows = frame[frame.method == "LoRA"]
 assert all(g.sort_values("rank").num_trainable_params.is_monotonic_increasing for _, g in lora_rows.groupby("targets"))
@@ -233,7 +232,7 @@ assert (lora_rows.mem_optimizer_state_bytes < full.mem_optimizer_state_bytes).al
 assert r8.trainable_share < 0.05 and frame.step_time_s.gt(0).all()
 
 # %%
-axes = plots.lines(lab.sweep_chart_frame(frame), x="rank", hue="targets", logx=True,  # full, head only: flat
+axes = plots.lines(sweep.chart_frame(), x="rank", hue="targets", logx=True,  # full, head only: flat
                    ys=["num_trainable_params", "mem_optimizer_state_bytes", "mem_activations_bytes", "step_time_s",
                        "exact_match", "peak_memory_bytes"], logy=["num_trainable_params", "mem_optimizer_state_bytes"])
 
@@ -262,17 +261,15 @@ guess_qlora_peak = None  # YOUR GUESS: peak memory with NF4 base / with 16-bit b
 
 # %%
 qlora = lab.qlora_comparison(cfg, rank=8)  # LoRA on a 16-bit base and on an NF4 base (QLoRA)
-print(lab.qlora_finding(qlora))
-if qlora.error.isna().all():
-    peaks = qlora.set_index("setup").peak_memory_bytes
+if qlora.frame.error.isna().all():
+    peaks = qlora.frame.peak_memory_bytes
     print(guesses.versus(guess_qlora_peak, peaks.iloc[1] / peaks.iloc[0], "peak NF4 / peak 16-bit"))
-display.table(qlora, ["setup", "model", "base_weight_bytes", "bits_per_4bit_weight", "peak_memory_bytes",
-                      "step_time_s", "tokens_per_s"])
+qlora
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: where NF4 runs, its 4-bit weights take 4.127 bits each (scales included) and the same adapters train
-rows = qlora.set_index("setup")
-if qlora.error.isna().all():
+rows = qlora.frame.set_index("setup")
+if rows.error.isna().all():
     assert abs(rows.bits_per_4bit_weight.iloc[1] - lab.NF4_BITS) < 0.01
     assert rows.base_weight_bytes.iloc[1] < rows.base_weight_bytes.iloc[0]
     assert rows.num_trainable_params.iloc[0] == rows.num_trainable_params.iloc[1]
@@ -302,12 +299,11 @@ guess_lora_gib = None  # YOUR GUESS: e.g. 12
 
 # %%
 check = lab.estimate_check(cfg)  # the formula against fit's measured peak (cached runs)
-print(lab.estimate_finding(check))
-display.table(check, ["setup", "tokens_per_step", "estimate_bytes", "peak_memory_bytes", "estimate_error"])
+check
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the formula lands within the error it states
-assert (check.estimate_error.abs() <= lab.ESTIMATE_ERROR).all(), "the formula within its stated error"
+assert (check.frame.estimate_error.abs() <= lab.ESTIMATE_ERROR).all(), "the formula within its stated error"
 
 # %% [markdown]
 # The same formula for models of 0.1B to 7B parameters, at 512 tokens x 4 rows in fp16 autocast with per-layer
@@ -315,14 +311,13 @@ assert (check.estimate_error.abs() <= lab.ESTIMATE_ERROR).all(), "the formula wi
 
 # %%
 fits = lab.gpu_table(seq_len=512, micro_batch=4)
-print(lab.gpu_finding(fits, labkit.env_report().get("gpu")))
-lora_15b = fits.set_index(["model", "method"]).total_bytes["Qwen2.5-1.5B", "LoRA"] / 2**30
+lora_15b = fits.frame.set_index(["model", "method"]).total_bytes["Qwen2.5-1.5B", "LoRA"] / 2**30
 print(guesses.versus(guess_lora_gib, lora_15b, "Qwen2.5-1.5B with LoRA", " GiB"))
-display.table(fits, ["model", "num_params", "method", "total_bytes", "fits_t4", "fits_your_gpu"])
+fits
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: for every model, full fine-tuning needs the most and QLoRA the least
-assert fits.groupby("model", sort=False).total_bytes.apply(lambda t: t.is_monotonic_decreasing).all()
+assert fits.frame.groupby("model", sort=False).total_bytes.apply(lambda t: t.is_monotonic_decreasing).all()
 
 # %% [markdown]
 # Full fine-tuning pays 16 bytes a parameter before any activation, so a T4 stops near half a billion
@@ -337,13 +332,13 @@ assert fits.groupby("model", sort=False).total_bytes.apply(lambda t: t.is_monoto
 
 # %%
 merged = lab.merge_comparison(cfg, rank=8)  # the fine-tuned rank-8 q_proj,v_proj model from the sweep (cached)
-print(lab.merge_finding(merged))
-display.table(merged, ["setup", "latency_s", "vs_base", "max_output_diff", "lora_layers"])
+merged
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: merging changes the outputs by float rounding only and removes every LoRA layer
-assert merged.max_output_diff.iloc[2] < 1e-3 and merged.lora_layers.iloc[2] == 0 < merged.lora_layers.iloc[1]
-assert merged.latency_s.gt(0).all() and len(merged) == 4
+times = merged.frame
+assert times.max_output_diff.iloc[2] < 1e-3 and times.lora_layers.iloc[2] == 0 < times.lora_layers.iloc[1]
+assert times.latency_s.gt(0).all() and len(times) == 4
 
 # %% [markdown]
 # Keep adapters unmerged when one base serves several tasks or to train again; merge for a single deployed model.
@@ -422,7 +417,7 @@ exercises.check("08.lora_forward", lora_forward)
 # answering: why does the count grow in proportion to the rank here, where a vision model's would not?
 
 # %%
-mine = lab.own_count_numbers(frame)
+mine = sweep.own_count_numbers()
 print(exercises.question("08.own_count", mine))
 
 # %%

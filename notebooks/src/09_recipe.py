@@ -23,9 +23,10 @@ import torch.nn.functional as F
 import yaml
 
 import labkit
-from labkit import display, guesses, inference, plots, views
+from labkit import display, guesses, plots, views
 from labkit.labs import recipe as lab  # this notebook's experiments and findings
 from labkit.labs.recipe import exercises  # this notebook's exercises: question, check, solution
+from labkit.runsetup import set_up  # a run's device, splits, seeded model and first batch, as the loop's
 from labkit.widgets import ExperimentPanel
 
 P = labkit.profile()  # read once; nothing below branches on it
@@ -81,14 +82,11 @@ guess_time_ratio = None  # YOUR GUESS: the whole recipe's epoch time / the basel
 
 # %%
 rec = lab.staged(cfg)  # the given order, each stage alone, and the measured order (all cached)
-print(lab.recipe_finding(rec))
 base, last = rec.given.iloc[0], rec.given.iloc[-1]
 print(guesses.versus(guess_peak_ratio, last.peak_memory_bytes / base.peak_memory_bytes, "peak, recipe / baseline"))
-spreads = [(r.epoch_time_p10_s, r.epoch_time_p90_s) for r in (last, base)]  # each run's 10th-90th percentile
-print(guesses.versus(guess_time_ratio, last.epoch_time_s / base.epoch_time_s, "epoch time, recipe / baseline",
-                     band=labkit.measure.ratio_band(*spreads)))
-display.table(lab.stage_table(rec), ["order", "added", "epoch_time_s", "peak_memory_bytes", "accuracy",
-                                     "model_size_bytes", "precision_used"])
+whole = rec.whole_time()  # the last stage's epoch time against the baseline's, with both runs' spreads
+print(guesses.versus(guess_time_ratio, whole.ratio, "epoch time, recipe / baseline", band=whole.band))
+rec  # both orders stacked, and what the recipe did
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every stage ran, each one stacked on the one before; quantization shrank the deployed model
@@ -98,12 +96,12 @@ assert rec.given.epoch_time_s.gt(0).all() and rec.given.deployed_accuracy.betwee
 assert rec.given.iloc[-1].freeze == "medium" and rec.given.iloc[-1].optimizer == "adamw8bit"
 
 # %%
-axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
+axes = plots.lines(rec.frame, x="stage", hue="order",
                    ys=["epoch_time_s", "peak_memory_bytes", "accuracy", "model_size_bytes"])
 
 # %% [markdown]
-# How to read it (the printed line names what happened here; a time counts as changed only outside the runs'
-# 10th-90th percentile spread, an accuracy only outside the test split's noise):
+# How to read it (the line under the table names what happened here; a time counts as changed only outside the
+# runs' 10th-90th percentile spread, an accuracy only outside the test split's noise):
 #
 # - **A larger batch** uses more memory (notebook 02). It pays in time where the smaller batch left the device
 #   idle; with fewer steps, accuracy falls unless the learning rate grows: the recipe scales it and warms it up.
@@ -122,9 +120,7 @@ axes = plots.lines(lab.stage_chart_frame(rec), x="stage", hue="order",
 # quantization stays last: it acts on the trained model. The chart above shows both orders; each stage alone:
 
 # %%
-print(lab.order_finding(rec))
-display.table(lab.stage_table(rec, "alone"), ["added", "epoch_time_s", "peak_memory_bytes", "accuracy",
-                                              "model_size_bytes", "precision_used"])
+rec.each_alone  # each stage alone on the baseline, and the order that suggests
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the measured order holds the same stages, training ones first; both orders end at the same config
@@ -143,11 +139,10 @@ assert rec.alone.error.isna().all() and len(rec.alone) == 6
 
 # %%
 from torch.profiler import ProfilerActivity, profile
-device = labkit.env.resolve_device(cfg.device)  # profile where the run trains: model and batch on one device
-model = labkit.models.build(cfg.model, 10)[0].to(device)
+run = set_up(cfg)  # the run's device, seeded model and first batch, as the loop sets them up
+device, model, batch = run.device, run.model, run.batch()
+x, y = batch.images, batch.labels
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x = inference.example_batch(cfg, device=device)
-y = torch.randint(0, 10, (len(x),), device=device)
 def step():
     F.cross_entropy(model(x), y).backward()
     optimizer.step()
@@ -173,11 +168,11 @@ print(*(f"{e.key[:34]:<34} {getattr(e, self_us) / 1e3:8.2f} ms self, {e.count} c
 guess_conv_share = None  # YOUR GUESS: share of the fp32 step's operator time in matmuls and convolutions, e.g. 0.4
 
 # %%
-before, after = lab.profile_pair(cfg)  # fp32, then the device's mixed precision
-print(lab.profile_finding(before, after))
+steps = lab.profile_pair(cfg)  # fp32, then the device's mixed precision
+before, after = steps.before, steps.after
 share = before.kinds.set_index("kind").share.get("matmul / convolution", 0.0)
 print(guesses.versus(guess_conv_share, share, "matmul and convolution share, fp32"))
-display.table(lab.kinds_table(before, after))
+steps  # self time by kind of work in both steps
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: both steps were profiled, the shares add up, the traces are files a browser can open, and matmuls and
@@ -189,7 +184,7 @@ assert abs(before.kinds.share.sum() - 1) < 1e-6 and before.trace_path.stat().st_
 assert after.trace_path.exists() and len(before.ops) == lab.PROFILE_TOP
 
 # %%
-axes = plots.bars(lab.kinds_frame(before, after), x="kind", ys=["self_ms", "share"], hue="precision")
+axes = plots.bars(steps.long(), x="kind", ys=["self_ms", "share"], hue="precision")
 print("traces:", before.trace_path, after.trace_path, sep="\n")
 display.table(after.ops, ["operator", "kind", "calls", "self_ms", "total_ms", "share"])  # mixed precision's top
 
@@ -201,7 +196,7 @@ display.table(after.ops, ["operator", "kind", "calls", "self_ms", "total_ms", "s
 # becomes bound by everything else (elementwise kernels, normalization, the optimizer, casts): AMP's speed-up
 # (2-3x, PyTorch's AMP recipe) is less than the tensor cores' (T4 datasheet: 65 TFLOPS fp16, 8.1 fp32). On a CPU
 # without bf16 instructions the convolutions get slower, bf16 being emulated in float32, and the casts'
-# share grows (the printed line says which happened here).
+# share grows (the line under the table says which happened here).
 #
 # ## 5. The doctor
 # `labkit.doctor(cfg)` runs short probes for the troubleshooting table's symptoms. Each finding gives the
@@ -286,22 +281,20 @@ assert hang.numbers["elapsed_s"] < 20 * hang.numbers["timeout_s"] + 60
 # `lab.summary()` reads your cache and pairs each technique's run with the same
 # run without it (mixed precision against fp32, freezing against none, ...): time (training time per sample;
 # inference latency for pruning and quantization), peak memory and size as ratios, accuracy as a change in
-# points. The printed line names a time saving only
+# points. The line under the table names a time saving only
 # where the runs' step-time spreads do not overlap. The hatched bars are the published figure (PyTorch's AMP
 # recipe: 2-3x on tensor-core GPUs), not a measurement here.
 
 # %%
 summary = lab.summary(P)  # one row per technique: its run against the same run without it
-print(lab.summary_finding(summary))
-measured = summary[summary.pairs > 0]  # the techniques not run yet are named above
+measured = summary.frame[summary.frame.pairs > 0]  # the techniques not run yet are named below the table
 axes = plots.bars(measured, x="label", ys=["time_ratio", "memory_ratio", "size_ratio", "accuracy_change"],
                   reference=lab.reference_rows())  # the published AMP speed-up, in the time chart
-display.table(summary, ["label", "setting", "time_basis", "time_ratio", "memory_ratio", "size_ratio",
-                        "accuracy_change"])
+summary
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: one row per technique of 01-08; every measured ratio is positive
-assert set(summary.notebook) == {"01", "02", "03", "04", "05", "06", "07", "08"}
+assert set(summary.frame.notebook) == {"01", "02", "03", "04", "05", "06", "07", "08"}
 assert (measured.time_ratio > 0).all() and (measured.size_ratio.dropna() > 0).all()
 
 # %%
@@ -322,14 +315,14 @@ guess_lm_recipe_peak = None  # YOUR GUESS: e.g. 0.5
 # %%
 print(lab.LM_RECIPE_PATH.read_text())
 lm_rec = lab.lm_stages()  # the file's stages stacked in its order (cached)
-print(lab.lm_recipe_finding(lm_rec))
-lm_peak = lm_rec.peak_memory_bytes
+lm_peak = lm_rec.frame.peak_memory_bytes
 print(guesses.versus(guess_lm_recipe_peak, lm_peak.iloc[-1] / lm_peak.iloc[0], "recipe peak / baseline peak"))
-display.table(lm_rec, ["added", "real_tokens_per_s", "peak_memory_bytes", "accuracy", "precision_used"])
+lm_rec
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every stage ran, LoRA trains a small share, and the whole recipe lowers the peak
-assert lm_rec.error.isna().all() and lm_rec.num_trainable_params.iloc[-1] < 0.2 * lm_rec.num_trainable_params.iloc[0]
+trainable = lm_rec.frame.num_trainable_params
+assert lm_rec.frame.error.isna().all() and trainable.iloc[-1] < 0.2 * trainable.iloc[0]
 assert lm_peak.iloc[-1] < lm_peak.iloc[0]
 
 # %% [markdown]
@@ -419,10 +412,10 @@ exercises.check("09.measured_order", measured_order)
 # miss?
 
 # %%
-mine = lab.own_stack_numbers(rec)
+mine = rec.own_stack_numbers()
 print(exercises.question("09.own_stack", mine))
 
 # %%
 answer = None  # YOUR CODE: the product, a ratio to the baseline's peak
 exercises.check("09.own_stack", answer, mine)
-print(f"stacked, measured: {lab.stacked_memory_ratio(rec):.3f}x the baseline's peak")
+print(f"stacked, measured: {rec.stacked_memory_ratio():.3f}x the baseline's peak")

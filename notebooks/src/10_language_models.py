@@ -46,16 +46,12 @@ labkit.env_report()
 # Fewer tokens per paragraph means fewer positions to compute, so the tokenizer sets the cost of every step.
 
 # %%
-lengths = lab.paragraph_lengths()
-summary = lab.length_summary(lengths)
-print(lab.tokens_finding(summary))
-batch = lab.batch_in_tokens()
-print(lab.batch_finding(batch))
-display.table(summary, ["tokenization", "median_tokens", "p90_tokens", "max_tokens", "chars_per_token"])
+counts = lab.token_counts()
+counts
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the BPE needs fewer tokens than characters; padding counts as tokens
-by = summary.set_index("tokenization")
+by, batch = counts.frame.set_index("tokenization"), counts.batch
 assert by.loc["pydoc_bpe", "median_tokens"] < by.loc["characters", "median_tokens"], "BPE needs fewer tokens"
 assert batch["real_tokens"] < batch["tokens"] == batch["rows"] * batch["width"]
 
@@ -74,13 +70,15 @@ guess_attention_share = None  # YOUR GUESS: e.g. 0.3
 
 # %%
 flops = lab.flops_check()
-print(lab.flops_finding(flops))
-print(guesses.versus(guess_attention_share, flops["attention_share"], "attention's share of the FLOPs"))
+print(guesses.versus(guess_attention_share, flops.row.attention_share, "attention's share of the FLOPs"))
+flops
+
+# %%
 display.table(labkit.results.published("10_language_models-mfu*"))  # MFU as PaLM defined it (not measured here)
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: 6 N + attention equals the FLOP counter's count
-assert abs(flops["formula_over_counted"] - 1) < 0.05, "6N + attention matches the FLOP counter"
+assert abs(flops.row.formula_over_counted - 1) < 0.05, "6N + attention matches the FLOP counter"
 
 # %% [markdown]
 # The counter runs the step and counts every matrix multiply, so the formula is checked, not assumed. It has no
@@ -97,14 +95,12 @@ guess_growth = None  # YOUR GUESS: e.g. 2
 
 # %%
 attention = lab.attention_memory()
-print(lab.attention_finding(attention))
-print(guesses.versus(guess_growth, 2 ** lab.growth_exponent(attention), "growth of eager's extra memory per 2x L"))
-display.table(attention, ["seq_len", "sdpa_activation_bytes", "eager_activation_bytes", "extra_bytes",
-                          "probabilities_bytes"])
+print(guesses.versus(guess_growth, 2 ** attention.growth_exponent(), "growth of eager's extra memory per 2x L"))
+attention
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: eager's extra memory grows about as L^2
-assert (attention.extra_bytes > 0).all() and 1.6 < lab.growth_exponent(attention) < 2.4, "quadratic in L"
+assert (attention.extra_bytes > 0).all() and 1.6 < attention.growth_exponent() < 2.4, "quadratic in L"
 
 # %% [markdown]
 # The extra memory grows with $L^2$. It can stay below the probabilities' count: memory peaks during the backward
@@ -119,8 +115,7 @@ assert (attention.extra_bytes > 0).all() and 1.6 < lab.growth_exponent(attention
 
 # %%
 packing = lab.packing_runs()
-print(lab.packing_finding(packing))
-display.table(packing, ["packing", "pad_fraction", "tokens_per_s", "real_tokens_per_s", "step_time_s"])
+packing
 
 # %%
 display.table(labkit.results.published("10_language_models-packing*"))  # on A100s, published (not measured here)
@@ -138,11 +133,11 @@ assert pk.pad_fraction["pack"] < pk.pad_fraction["pad"] <= pk.pad_fraction["pad_
 
 # %%
 cross = lab.cross_document_check()
-print(lab.cross_document_finding(cross))
+cross
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: without a cache the packed documents stay apart; with one they do not
-assert cross["max_logit_diff_cache_off"] < 1e-4 < cross["max_logit_diff_cache_on"], "use_cache=False in training"
+assert cross.row.max_logit_diff_cache_off < 1e-4 < cross.row.max_logit_diff_cache_on, "use_cache=False in training"
 
 # %% [markdown]
 # labkit passes `use_cache=False` with packed rows; in your own loop, do the same.
@@ -171,15 +166,16 @@ def accumulate(model, micro_batches):
 
 
 # %%
-grads = lab.accumulation_gradients(accumulate=accumulate)
-losses = lab.accumulation_losses()
-print(lab.accumulation_finding(grads, losses))
-print(guesses.versus(guess_old_error, grads["old_error"], "the old rule's relative gradient error"))
+rules = lab.accumulation_rules(accumulate=accumulate)
+print(guesses.versus(guess_old_error, rules.error("old"), "the old rule's relative gradient error"))
+rules
+
+# %%
 display.table(labkit.results.published("10_language_models-accumulation*"))  # the 2024 fix in transformers
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the old rule is off; labkit's and yours equal the large batch
-assert grads["old_error"] > 0.01 and grads["labkit_error"] < 1e-5 and grads["yours_error"] < 1e-5
+assert rules.error("old") > 0.01 and rules.error("labkit") < 1e-5 and rules.error("yours") < 1e-5
 
 # %% [markdown]
 # Your `accumulate` is the engine's rule (`labkit.techniques.token_loss`), checked against it above.
@@ -190,7 +186,7 @@ assert grads["old_error"] > 0.01 and grads["labkit_error"] < 1e-5 and grads["you
 # 128,256): compare them with the weights of the model that produces them.
 
 # %%
-display.table(lab.logits_sizes(), ["tokenizer", "vocab_size", "logits_bytes", "with_gradient_bytes"])
+lab.logits_sizes()
 
 # %% [markdown]
 # Chunked cross-entropy computes the output layer and the loss a slice of the sequence at a time, each slice under a
@@ -216,9 +212,8 @@ def chunked_loss_sum(hidden, head, labels, chunks):
 
 # %%
 peaks = lab.chunked_loss_peaks(loss_fn=chunked_loss_sum)
-print(lab.logits_finding(peaks))
 print(guesses.versus(guess_chunk_peak, peaks.peak_ratio.iloc[-1], "peak with 8 chunks / one cross-entropy"))
-display.table(peaks, ["chunks", "peak_memory_bytes", "peak_ratio", "loss_diff", "grad_diff", "step_time_s"])
+peaks
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: chunks give the same loss and gradients with less memory; yours equals labkit's
@@ -241,17 +236,19 @@ assert torch.allclose(chunked_loss_sum(h, hd, y, 4), chunked_loss.chunked_loss_s
 
 # %%
 ckpt = lab.checkpointing_runs()
-print(lab.checkpointing_finding(ckpt))
+ckpt
+
+# %%
 kernels = lab.optimizer_kernels()
-print(lab.optimizer_finding(kernels))
-rungs = lab.ladder_configs(lab.speed_config(batch_size=8, seq_len=64))  # section 9's runs, compiled or not
-compiled = lab.compile_runs(rungs["+fused AdamW"])
-print(lab.compile_finding(compiled))
-display.table(compiled, ["run", "step_time_s", "tokens_per_s", "compile_time_s"])
+kernels
+
+# %%
+compiled = lab.compile_runs()  # the ladder's "+fused AdamW" rung (section 9) eager, then compiled
+compiled
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: checkpointing keeps fewer activations; every AdamW kernel ran
-on, off = ckpt.set_index("run").activation_bytes[["checkpointing=on", "checkpointing=off"]]
+on, off = ckpt.frame.set_index("run").activation_bytes[["checkpointing=on", "checkpointing=off"]]
 assert on < 0.8 * off, "checkpointing keeps fewer activations"
 assert set(kernels.impl) == set(labkit.choices.OPTIMIZER_IMPLS) and (kernels.step_time_s > 0).all()
 
@@ -267,14 +264,15 @@ assert set(kernels.impl) == set(labkit.choices.OPTIMIZER_IMPLS) and (kernels.ste
 
 # %%
 generation = lab.generation_speed()
-print(lab.generation_finding(generation))
+generation
+
+# %%
 gqa = lab.gqa_cache_sizes()
-print(lab.gqa_finding(gqa))
-display.table(gqa, ["attention", "kv_heads", "bytes_per_token", "measured_bytes_per_token"])
+gqa
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the cache changes no token and holds what the formula says
-g = generation.set_index("use_cache")
+g = generation.frame.set_index("use_cache")
 assert bool(g.same_tokens.all()) and g.cache_bytes[True] == g.formula_cache_bytes[True] > 0
 assert (gqa.bytes_per_token == gqa.measured_bytes_per_token).all()
 
@@ -300,11 +298,10 @@ for name, kv_heads in (("Llama 2 7B", 32), ("Llama 3 8B", 8)):
 guess_top_speedup = None  # YOUR GUESS: e.g. 3
 
 # %%
-ladder = lab.speed_ladder(lab.speed_config(batch_size=8, seq_len=64))  # its two compile rungs ran in section 7
-print(ladder.finding())
-top = ladder.frame.real_tokens_per_s.iloc[-1] / ladder.frame.real_tokens_per_s.iloc[0]
+ladder = lab.speed_ladder()  # lab.speed_config(batch_size=8, seq_len=64); its two compile rungs ran in section 7
+top = ladder.real_tokens_per_s.iloc[-1] / ladder.real_tokens_per_s.iloc[0]
 print(guesses.versus(guess_top_speedup, top, "top rung's real tokens/s / the baseline's", "x"))
-display.table(ladder.frame, ["rung", "real_tokens_per_s", "pad_fraction", "peak_memory_bytes", "compile_time_s"])
+ladder
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: every rung ran
@@ -341,15 +338,14 @@ panel
 guess_qlora_7b_gib = None  # YOUR GUESS: e.g. 10
 
 # %%
-fits = lab.t4_table()  # 512 tokens x 4 rows, fp16, per-layer checkpointing, rank-16 adapters on every linear layer
-print(lab.t4_finding(fits))
+fits = lab.t4_fits()  # 512 tokens x 4 rows, fp16, per-layer checkpointing, rank-16 adapters on every linear layer
 qlora_7b = fits.set_index(["model", "method"]).total_bytes["Mistral-7B", "QLoRA"] / 2**30
 print(guesses.versus(guess_qlora_7b_gib, qlora_7b, "a 7B model's QLoRA memory", " GiB"))
-display.table(fits, ["model", "num_params", "method", "total_bytes", "fits_t4", "fits_your_gpu"])
+fits
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: each method needs less than the one before it
-by_model = fits.groupby("model", sort=False).total_bytes
+by_model = fits.frame.groupby("model", sort=False).total_bytes
 assert by_model.apply(lambda t: t.is_monotonic_decreasing).all(), "full > LoRA > QLoRA"
 
 # %% [markdown]
@@ -423,7 +419,7 @@ exercises.check("10.accumulate", my_accumulate)
 # The next one uses **your own** numbers from section 4.
 
 # %%
-pad_max = packing.set_index("packing").loc["pad_max"]
+pad_max = packing.frame.set_index("packing").loc["pad_max"]
 mine = {"pad_max_share": pad_max.pad_fraction, "pad_max_tokens_per_s": pad_max.tokens_per_s}
 print(exercises.question("10.own_pad_share", mine))
 

@@ -31,7 +31,7 @@ NEEDS_TORCHAO = ("06_quantization.ipynb", "08_lora.ipynb")
 PEFT_MIN_TORCHAO = (((0, 19), (0, 16)), ((0, 0), (0, 4)))
 
 
-def _release(version: str) -> tuple[int, ...]:
+def release_of(version: str) -> tuple[int, ...]:
     """``2.9.1+cu128`` -> (2, 9, 1): the release numbers of a version string."""
     numbers = []
     for part in version.split("+")[0].split(".")[:3]:
@@ -60,7 +60,7 @@ def torchao_requirement(torch_version: str | None = None) -> str:
         'torchao==0.15.0'
     """
     torch_version = installed_torch() if torch_version is None else torch_version
-    release = _release(torch_version)
+    release = release_of(torch_version)
     for oldest, torchao in TORCHAO_FOR_TORCH:
         if release >= oldest:
             return f"torchao=={torchao}"
@@ -77,7 +77,7 @@ def peft_torchao_problem(peft_version: str, torchao_version: str | None) -> str 
     """
     if torchao_version is None:
         return None
-    peft, torchao = _release(peft_version), _release(torchao_version)
+    peft, torchao = release_of(peft_version), release_of(torchao_version)
     oldest = next(needed for since, needed in PEFT_MIN_TORCHAO if peft >= since)
     if torchao >= oldest:
         return None

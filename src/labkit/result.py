@@ -4,7 +4,7 @@ Details of some `RunResult` fields:
 
 - ``planned_steps``: the steps the config asked for when the run was cut short because its precision is
   emulated here (`Profile.emulated_steps`), else None.
-- ``distributed``: for a data-parallel run (`labkit.labs.distributed.launch`), the job: ``world_size``,
+- ``distributed``: for a data-parallel run (`labkit.launcher.launch`), the job: ``world_size``,
   ``backend``, ``weights_sha256`` (one per rank), ``ranks`` (each rank's own figures), ``bucket_cap_mb``,
   ``allreduce_bytes_per_step``; None for a run in one process. Step time, throughput, loss, FLOPs and accuracy
   are then the job's; peak memory is rank 0's.

@@ -14,7 +14,7 @@ cause and a remedy as config changes, then tries the remedy where a run can tell
 - distributed run hangs. Probe: the job under torchrun with a short process-group timeout (``nproc``). Remedy (named,
   not tried): the rank, timeouts, backend.
 
-It sits above the labs because the distributed probe launches a job (`labkit.labs.distributed.launch`).
+The distributed probe launches its job with `labkit.launcher.launch`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from .config import RunConfig
 from .configfile import load_config
 from .env import profile, resolve_device
 from .errors import ConfigError, DistributedError, NonFiniteLossError, UnsupportedError
-from .labs.distributed import launch
-from .labs.distributed.jobs import VIT
+from .launcher import VIT, launch
 from .messages import wrap
 from .results import cached_fit, cached_model
 from .techniques.precision import resolve_precision

@@ -1,4 +1,4 @@
-"""The process torchrun starts for `labkit.labs.distributed.launch`: one rank of a data-parallel `fit`.
+"""The process torchrun starts for `labkit.launcher.launch`: one rank of a data-parallel `fit`.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m labkit.worker --config run.json --out DIR
 

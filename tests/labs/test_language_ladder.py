@@ -47,18 +47,19 @@ def test_a_precision_rung_that_resolves_to_fp32_is_the_baseline_run_and_says_so(
             {"rung": "+precision", "real_tokens_per_s": 100.0, "peak_memory_bytes": 2**20, "error": None,
              "time_per_real_token_p10_s": 0.010, "time_per_real_token_p90_s": 0.011, "same_run_as_below": True,
              "precision_used": "fp32"}]
-    assert "+precision the same run here (fp32)" in ladder.Ladder(frame=pd.DataFrame(rows)).finding()
+    assert "+precision the same run here (fp32)" in ladder.Ladder(pd.DataFrame(rows)).finding()
 
 
 def test_compile_reports_its_time_apart_from_the_steps():
     cfg = ladder.ladder_configs(_cfg())["+fused AdamW"]
-    frame = speed.compile_runs(cfg)
+    result = speed.compile_runs(cfg)
+    frame = result.frame
     off, on = frame.iloc[0], frame.iloc[1]
     assert off["compile_time_s"] is None or math.isnan(off["compile_time_s"])
     assert on["step_time_s"] > 0
     if compile_problem(torch.device("cpu")) is None:
         assert on["compile_time_s"] > 0
-        assert speed.compile_finding(frame).startswith("Compiled: ")
+        assert result.finding().startswith("Compiled: step time ")
         # the engine's runs behind the rows (from the cache): the compiling step is kept out of the timed ones, and
         # the compiled model trains as the eager one does
         eager, compiled = (results.cached_fit(cfg.replace(compile=flag), progress=False) for flag in (False, True))
@@ -66,7 +67,7 @@ def test_compile_reports_its_time_apart_from_the_steps():
         assert compiled.losses == pytest.approx(eager.losses, rel=1e-3)
         assert compiled.flops_per_step == eager.flops_per_step and compiled.warnings == []
     else:
-        assert "NOT COMPILED" in on["warnings"] and speed.compile_finding(frame).startswith("Not compiled here")
+        assert "NOT COMPILED" in on["warnings"] and result.finding().startswith("Not compiled here")
 
 
 def test_the_ladder_runs_every_rung_and_words_a_finding():
@@ -78,6 +79,7 @@ def test_the_ladder_runs_every_rung_and_words_a_finding():
     assert by_rung.loc["+packing", "pad_fraction"] < by_rung.loc["+SDPA", "pad_fraction"]
     assert by_rung.loc["+compile", "compile_time_s"] > 0
     text = result.finding()
+    assert "rung" in result.show_columns() and "Top rung" in repr(result)
     assert text.startswith("Real tokens/s, each rung against the one below: +precision") and "Top rung" in text
 
 
@@ -90,5 +92,5 @@ def test_the_finding_calls_a_rung_faster_only_when_its_time_per_real_token_lies_
              "time_per_real_token_p10_s": 0.004, "time_per_real_token_p90_s": 0.006},
             {"rung": "+packing", "real_tokens_per_s": 190.0, "peak_memory_bytes": 2**20, "error": None,
              "time_per_real_token_p10_s": 0.005, "time_per_real_token_p90_s": 0.0065}]
-    text = ladder.Ladder(frame=pd.DataFrame(rows)).finding()
+    text = ladder.Ladder(pd.DataFrame(rows)).finding()
     assert "+SDPA 2x (faster)" in text and "+packing 0.95x (within the noise)" in text

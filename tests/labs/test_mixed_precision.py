@@ -9,6 +9,15 @@ from labkit import results
 from labkit.errors import ConfigError
 from labkit.labs import mixed_precision
 from labkit.labs import mixed_precision as lab
+from labkit.labs.mixed_precision.comparison import (
+    Layouts,
+    MemorySavings,
+    Precisions,
+    setup_label,
+    speed_phrase,
+    speedup,
+)
+from labkit.labs.mixed_precision.numerics import FP16_SMALLEST_SUBNORMAL, ScalerTrace
 
 
 def test_gradient_underflow_counts_what_fp16_zeroes_and_scaling_keeps(tiny_cfg):
@@ -61,9 +70,13 @@ def test_autocast_policies_are_probed(dtype):
     assert df.loc["relu", "from low precision"] == low
 
 
-def _frame(rows):
+def _frame(rows, env=None):
+    return Precisions(mixed_precision.table(pd.DataFrame(rows)) if rows and "tf32" in rows[0] else pd.DataFrame(rows),
+                      env=env or {})
 
-    return pd.DataFrame(rows)
+
+def _unwrapped(text) -> str:
+    return " ".join(str(text).split())
 
 
 def _row(setup, step_time_s, peak, accuracy=0.5, spread=0.1, **extra):
@@ -75,53 +88,54 @@ def _row(setup, step_time_s, peak, accuracy=0.5, spread=0.1, **extra):
 
 def test_table_labels_live_and_reference_rows_alike(tiny_cfg):
     two = {k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")}
-    runs = mixed_precision.compare(tiny_cfg.replace(batch_size=8, evaluate=False), setups=two,
-                             progress=False)
-    df = mixed_precision.table(runs)
-    assert list(df.setup) == ["fp32", "bf16"]
+    result = mixed_precision.compare(tiny_cfg.replace(batch_size=8, evaluate=False), setups=two, progress=False)
+    df = result.frame
+    assert list(df.setup) == ["fp32", "bf16"] and list(result.runs) == ["fp32", "bf16"]
     assert list(mixed_precision.table(df.drop(columns="setup")).setup) == ["fp32", "bf16"]
-    assert mixed_precision.setup_label("fp32", True) == "fp32 + TF32"
-    assert mixed_precision.setup_label("fp16", False) == "fp16 + GradScaler"
+    assert list(mixed_precision.table(result.runs).setup) == ["fp32", "bf16"]
+    assert setup_label("fp32", True) == "fp32 + TF32"
+    assert setup_label("fp16", False) == "fp16 + GradScaler"
 
 
 def test_summary_states_ratios_and_savings():
     MiB = 2**20
     df = _frame([_row("fp32", 0.040, 40 * MiB, 0.70), _row("bf16", 0.020, 30 * MiB, 0.69),
                  _row("fp16 + GradScaler", 0.080, 30 * MiB), _row("fp32 + TF32", 0.030, 40 * MiB)])
-    text = mixed_precision.summary(df).splitlines()
-    assert text == ["fp16 + GradScaler: 0.50x fp32's speed (slower), peak memory 25% less, accuracy 50.0% vs 70.0%.",
-                    "bf16: 2.00x fp32's speed (faster), peak memory 25% less, accuracy 69.0% vs 70.0% (the same "
-                    "within the noise)."]
-    assert mixed_precision.summary(_frame([_row("bf16", 0.02, MiB)])) == "No successful fp32 run to compare against."
+    text = _unwrapped(df.finding())
+    assert text == ("fp16 + GradScaler: 0.50x fp32's speed (slower), peak memory 25% less, accuracy 50.0% vs 70.0% "
+                    "(lower). bf16: 2.00x fp32's speed (faster), peak memory 25% less, accuracy 69.0% vs 70.0% "
+                    "(within the noise). TF32: 1.33x fp32's speed (faster): a CPU has no TF32, both runs did the same "
+                    "work.")
+    assert _frame([_row("bf16", 0.02, MiB)]).finding() == "No successful fp32 run to compare against."
 
 
 def test_a_speed_difference_is_real_only_outside_the_measured_spread():
     base = _row("fp32", 0.040, 1)
-    assert mixed_precision.faster(_row("bf16", 0.030, 1), base) is True  # 27-33 ms vs 36-44 ms
-    assert mixed_precision.faster(_row("bf16", 0.034, 1, spread=0.2), base) is None  # 27-41 ms overlaps
-    assert mixed_precision.faster(_row("bf16", 0.050, 1), base) is False
-    same = "1.05x fp32's speed (the same within the noise)"
-    assert mixed_precision.speed_phrase(_row("bf16", 0.038, 1), base) == same
-    no_spread = {"step_time_s": 0.039}  # a frame without the spread columns compares the medians
-    assert mixed_precision.faster(no_spread, {"step_time_s": 0.040}) is True
+    assert speedup(_row("bf16", 0.030, 1), base).direction == 1  # 27-33 ms vs 36-44 ms
+    assert speedup(_row("bf16", 0.034, 1, spread=0.2), base).direction == 0  # 27-41 ms overlaps
+    assert speedup(_row("bf16", 0.050, 1), base).direction == -1
+    assert speed_phrase(_row("bf16", 0.038, 1), base) == "1.05x fp32's speed (within the noise)"
+    no_spread = {"step_time_s": 0.039}  # a reference row without the spread columns: nothing to call real by
+    assert speed_phrase(no_spread, {"step_time_s": 0.040}) == "1.03x fp32's speed (no spread measured)"
 
 
 def test_summary_says_when_an_emulated_runs_accuracy_comes_from_fewer_steps():
     MiB = 2**20
     df = _frame([_row("fp32", 0.040, 40 * MiB, 0.70, steps=160, planned_steps=None),
                  _row("fp16 + GradScaler", 0.600, 30 * MiB, 0.41, steps=40, planned_steps=160)])
-    assert mixed_precision.summary(df).endswith("accuracy 41.0% vs 70.0% (after 40 of 160 steps: emulated).")
+    assert _unwrapped(df.finding()).endswith("accuracy 41.0% vs 70.0% (after 40 of 160 steps: emulated).")
 
 
 def test_tf32_finding_depends_on_the_device():
-    df = _frame([_row("fp32", 0.040, 1), _row("fp32 + TF32", 0.020, 1)])
-    assert mixed_precision.tf32_finding(df, {"device": "cpu"}) == (
+    rows = [_row("fp32", 0.040, 1), _row("fp32 + TF32", 0.020, 1)]
+    assert _unwrapped(_frame(rows, {"device": "cpu"}).finding()) == (
         "TF32: 2.00x fp32's speed (faster): a CPU has no TF32, both runs did the same work.")
     t4 = {"device": "cuda", "capability": "7.5"}
-    assert "this GPU (capability 7.5) has no TF32" in mixed_precision.tf32_finding(df, t4)
+    assert "this GPU (capability 7.5) has no TF32" in _unwrapped(_frame(rows, t4).finding())
     a100 = {"device": "cuda", "capability": "8.0"}
-    assert mixed_precision.tf32_finding(df, a100) == "TF32: 2.00x fp32's speed (faster)."
-    assert "Run both" in mixed_precision.tf32_finding(_frame([_row("fp32", 0.04, 1)]), a100)
+    assert _frame(rows, a100).finding() == "TF32: 2.00x fp32's speed (faster)."
+    assert "TF32" not in _frame([_row("fp32", 0.04, 1)], a100).finding()
+    assert "no TF32" not in _unwrapped(_frame(rows, {"device": "cuda", "capability": "9.0"}).finding())
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -132,16 +146,17 @@ def test_tf32_finding_depends_on_the_device():
     ({"device": "cpu", "bf16": None, "fp16_native": None}, "Here: fp32 (bf16 support unknown)"),
 ])
 def test_advice_by_capability(env, expected):
-    assert expected in mixed_precision.advice(env)
+    assert expected in _unwrapped(Precisions(pd.DataFrame(), env=env).advice())
 
 
 def test_advice_quotes_the_measured_ratios_and_follows_them_on_a_cpu():
     df = _frame([_row("fp32", 0.040, 1), _row("bf16", 0.020, 1), _row("fp16 + GradScaler", 0.400, 1)])
     cpu = {"device": "cpu", "bf16": True, "fp16_native": False}
-    assert mixed_precision.advice(cpu, df) == (
+    df.env = cpu
+    assert _unwrapped(df.advice()) == (
         "Here: bf16 (this CPU has bf16 instructions). Measured: fp16 + GradScaler 0.10x, bf16 2.00x fp32's speed.")
-    slow = _frame([_row("fp32", 0.040, 1), _row("bf16", 0.060, 1)])
-    assert mixed_precision.advice(cpu, slow).startswith("Here: fp32 (bf16 was not faster here).")
+    slow = _frame([_row("fp32", 0.040, 1), _row("bf16", 0.060, 1)], cpu)
+    assert slow.advice().startswith("Here: fp32 (bf16 was not faster here).")
 
 
 def test_memory_savings_grow_with_the_batch():
@@ -154,7 +169,7 @@ def test_memory_savings_grow_with_the_batch():
 
     df = _frame([row("fp32", 16, 8), row("bf16", 16, 4), row("fp32", 32, 16), row("bf16", 32, 8),
                  row("fp32", 64, 32), row("bf16", 64, 16)])
-    assert mixed_precision.memory_savings(df, "bf16") == (
+    assert _unwrapped(MemorySavings(df.frame, low="bf16").finding()) == (
         "bf16 saved 4.0 MiB (31% less) at batch 16 and 16.0 MiB (43% less) at batch 64; parameters, gradients and "
         "optimizer state unchanged: the saving grows with the batch.")
 
@@ -162,17 +177,11 @@ def test_memory_savings_grow_with_the_batch():
 def test_channels_last_finding():
     df = _frame([{"precision": "fp32", "channels_last": False, "step_time_s": 0.04, "error": None},
                  {"precision": "fp32", "channels_last": True, "step_time_s": 0.02, "error": None}])
-    assert mixed_precision.channels_last_finding(df) == (
-        "channels_last, speed against the default layout: fp32 2.00x (faster).")
+    df = df.frame.assign(step_time_p10_s=[0.035, 0.018], step_time_p90_s=[0.045, 0.022])
+    assert Layouts(df).finding() == "channels_last, speed against the default layout: fp32 2.00x (faster)."
     df["step_time_p10_s"], df["step_time_p90_s"] = [0.03, 0.03], [0.05, 0.05]
     df.loc[1, "step_time_s"] = 0.041
-    assert "(the same within the noise)" in mixed_precision.channels_last_finding(df)
-
-
-def test_has_tf32_only_from_ampere_on():
-    assert mixed_precision.has_tf32({"device": "cuda", "capability": "9.0"})
-    assert not mixed_precision.has_tf32({"device": "cuda", "capability": "7.5"})
-    assert not mixed_precision.has_tf32({"device": "cpu"})
+    assert "fp32 0.98x (within the noise)" in Layouts(df).finding()
 
 
 def test_compare_turns_a_failing_setup_into_an_error_row(tiny_cfg, monkeypatch):
@@ -186,25 +195,24 @@ def test_compare_turns_a_failing_setup_into_an_error_row(tiny_cfg, monkeypatch):
 
     monkeypatch.setattr(results, "cached_fit", fake)
     two = {k: mixed_precision.SETUPS[k] for k in ("fp32", "bf16")}
-    runs = mixed_precision.compare(tiny_cfg.replace(batch_size=8, evaluate=False), setups=two,
-                             progress=False)
-    df = mixed_precision.table(runs).set_index("setup")
+    result = mixed_precision.compare(tiny_cfg.replace(batch_size=8, evaluate=False), setups=two, progress=False)
+    df = result.frame.set_index("setup")
     assert df.error.isna()["fp32"] and "CUBLAS_STATUS_NOT_SUPPORTED" in df.error["bf16"]
-    assert mixed_precision.summary(df.reset_index()) == ""  # the failed run is skipped: nothing left to compare
+    assert result.finding() == ""  # the failed run is skipped: nothing left to compare
 
 
 def test_formats_come_from_finfo():
     df = mixed_precision.formats().set_index("format")
     assert df.loc["fp16", "max"] == 65504.0 and df.loc["bf16", "max"] == pytest.approx(3.3895e38, rel=1e-3)
-    assert df.loc["fp16", "smallest subnormal"] == 2.0**-24 == mixed_precision.FP16_SMALLEST_SUBNORMAL
-    assert df.loc["fp16", "smallest normal"] == mixed_precision.FP16_SMALLEST_NORMAL
+    assert df.loc["fp16", "smallest subnormal"] == 2.0**-24 == FP16_SMALLEST_SUBNORMAL
+    assert df.loc["fp16", "smallest normal"] == 2.0**-14
     assert list(df["exponent bits"]) == [8, 5, 8] and list(df["mantissa bits"]) == [23, 10, 7]
 
 
 def test_scaler_finding():
 
     trace = pd.DataFrame({"step": [1, 2, 3], "scale": [2.0**20, 2.0**19, 2.0**19], "skipped": [True, False, False]})
-    assert mixed_precision.scaler_finding(trace) == (
+    assert _unwrapped(ScalerTrace(trace).finding()) == (
         "1 of 3 optimizer steps were skipped (inf/NaN gradients); the scale went from 2**20 to 2**19 by the last step.")
 
 
@@ -212,16 +220,17 @@ def _setups_frame():
     mib = 2**20
     rows = [("fp32", 0.10, 40, 30), ("fp32 + TF32", 0.10, 40, 30), ("fp16 + GradScaler", 0.05, 26, 16),
             ("bf16", 0.08, 24, 15)]
-    return pd.DataFrame([{"setup": s, "step_time_s": t, "peak_memory_bytes": p * mib, "mem_activations_bytes": a * mib,
-                          "error": None} for s, t, p, a in rows])
+    return Precisions(pd.DataFrame([{"setup": s, "step_time_s": t, "peak_memory_bytes": p * mib,
+                                     "mem_activations_bytes": a * mib, "error": None} for s, t, p, a in rows]))
 
 
 def test_prediction_figures_come_from_the_frame():
     df = _setups_frame()
-    assert mixed_precision.peak_fraction(df, "bf16") == 24 / 40 and mixed_precision.speedup(df, "fp16") == 2.0
-    assert mixed_precision.own_saving_numbers(df, "bf16") == {"fp32_peak_mib": 40.0, "fp32_activations_mib": 30.0,
-                                                  "low_activations_mib": 15.0, "low": "bf16"}
-    text = mixed_precision.own_saving_finding(df, "bf16")
+    assert df.peak_fraction("bf16") == 24 / 40 and df.speedup("fp16").ratio == 2.0
+    assert df.speedup("fp16").band is None  # no spread recorded
+    assert df.own_saving_numbers("bf16") == {"fp32_peak_mib": 40.0, "fp32_activations_mib": 30.0,
+                                             "low_activations_mib": 15.0, "low": "bf16"}
+    text = _unwrapped(df.own_saving("bf16"))
     assert text == ("From the activations alone: 37.5% of the fp32 peak; measured: bf16 saved 40.0% of it: the rest "
                     "is the other categories.")
 
@@ -230,7 +239,7 @@ def test_speedups_put_published_rows_beside_the_live_ones():
     published = labkit.load_reference("01_mixed_precision-speedup-published*")
     assert list(published.speedup_vs_fp32) == [2.0, 3.0]
     assert published.source.str.startswith("published: PyTorch recipe 'Automatic Mixed Precision'").all()
-    live, reference = mixed_precision.speedups(_setups_frame(), published)
+    live, reference = _setups_frame().speedups(published)
     assert dict(zip(live.setup, live.speedup_vs_fp32, strict=True))["fp16 + GradScaler"] == 2.0
     assert list(reference.speedup_vs_fp32) == [2.0, 3.0, pytest.approx(65 / 8.1)]
     assert reference.source.str.startswith("published: ").all()
@@ -238,20 +247,21 @@ def test_speedups_put_published_rows_beside_the_live_ones():
 
 def test_a_failed_setup_is_named_not_a_key_error():
     df = _setups_frame()
-    df.loc[df.setup == "bf16", "error"] = "RuntimeError: bf16 is not supported"
+    df.frame.loc[df.frame.setup == "bf16", "error"] = "RuntimeError: bf16 is not supported"
     with pytest.raises(ConfigError, match=r"df=.setups .* is not allowed: a frame where bf16 ran successfully"):
-        mixed_precision.peak_fraction(df, "bf16")
-    assert mixed_precision.speedup(df, "fp16") == 2.0  # the setups that ran still compare
+        df.peak_fraction("bf16")
+    assert df.speedup("fp16").ratio == 2.0  # the setups that ran still compare
 
 
 def test_the_language_model_arm_compares_fp32_with_the_low_precision(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("LABKIT_PROFILE", "ci")
-    frame = lab.lm_compare("bf16", max_steps=4)
+    result = lab.lm_compare("bf16", max_steps=4)
+    frame = result.frame
     assert frame.setup.tolist() == ["fp32", "bf16"] and (frame.model == "tiny_llama").all()
     assert (frame.tokens_per_s > 0).all() and frame.error.isna().all()
     assert frame.mem_activations_bytes.iloc[1] < frame.mem_activations_bytes.iloc[0]  # 16-bit activations
-    text = lab.lm_finding(frame, "bf16")
+    text = _unwrapped(result.finding())
     assert text.startswith("On tiny_llama: bf16 ran") and "tokens/s against" in text
 
 

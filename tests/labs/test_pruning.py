@@ -8,6 +8,11 @@ from labkit import measure, results
 from labkit.errors import ConfigError
 from labkit.labs import pruning as lab
 from labkit.labs.pruning import channels
+from labkit.labs.pruning.common import latencies
+from labkit.labs.pruning.rise import REPEAT_SEEDS, Repeats
+from labkit.labs.pruning.sensitivity import overall_sparsity
+from labkit.labs.pruning.zeros import Puzzle
+from labkit.runsetup import run_splits
 from labkit.techniques import pruning
 
 
@@ -50,28 +55,30 @@ def test_the_puzzle_zeros_change_neither_size_nor_memory(cfg):
     assert (frame.size_with_masks_bytes > 1.8 * frame.model_size_bytes).all()
     assert frame.sparsity.iloc[1] == pytest.approx(0.5, abs=0.01)
     assert frame.nonzero_params.iloc[1] < 0.55 * frame.nonzero_params.iloc[0]
-    assert (frame.latency_p10_ratio <= 1).all() and (frame.latency_p90_ratio >= 1).all()  # the band holds 1x
-    text = lab.puzzle_finding(frame)
+    assert (frame.latency_p10_s <= frame.latency_s).all() and (frame.latency_p90_s >= frame.latency_s).all()
+    text = frame.finding()
     assert text.startswith("At 50% zeros the file is 1.00x the dense one (")
     assert f"({frame.masks_size_ratio.iloc[1]:.2f}x with the masks attached)" in text
-    assert "timing noise" in text and "\n" not in str.__str__(text)
+    assert "latency " in text and "\n" not in str.__str__(text) and "inference peak" in repr(frame)
 
 
-def _puzzle_frame(latency_ratios, band=(0.9, 1.1), accuracies=(0.80, 0.82, 0.70)):
-    return pd.DataFrame({"amount": [0.0, 0.4, 0.8], "sparsity": [0.0, 0.4, 0.8], "size_ratio": 1.0,
-                         "masks_size_ratio": [2.0] * 3, "peak_ratio": 1.0, "latency_ratio": latency_ratios,
-                         "latency_p10_ratio": band[0], "latency_p90_ratio": band[1], "test_accuracy": accuracies})
+def _puzzle(latency_ratios, band=(0.9, 1.1), accuracies=(0.80, 0.82, 0.70)):
+    latency = pd.Series(latency_ratios) * 0.01
+    return Puzzle(pd.DataFrame({"amount": [0.0, 0.4, 0.8], "sparsity": [0.0, 0.4, 0.8], "size_ratio": 1.0,
+                                "masks_size_ratio": [2.0] * 3, "peak_ratio": 1.0, "latency_ratio": latency_ratios,
+                                "latency_s": latency, "latency_p10_s": latency * band[0],
+                                "latency_p90_s": latency * band[1], "test_accuracy": accuracies}))
 
 
 @pytest.mark.parametrize("latency_ratios, accuracies, verdict", [
-    ([1.0, 0.97, 1.05], (0.80, 0.82, 0.70), "within the dense model's timing noise (0.90x-1.10x): "
-                                            "unchanged; test accuracy 80.0% -> 70.0%, highest at 40% (82.0%)"),
-    ([1.0, 1.30, 1.02], (0.80, 0.78, 0.70), "partly outside the dense model's timing noise (0.90x-1.10x)"),
+    ([1.0, 0.97, 1.05], (0.80, 0.82, 0.70), "latency 0.97x-1.05x, each within the noise; "
+                                            "test accuracy 80.0% -> 70.0%, highest at 40% (82.0%)"),
+    ([1.0, 1.30, 1.02], (0.80, 0.78, 0.70), "latency 1.00x-1.30x; real at 40% 1.3x (slower); test accuracy"),
     ([1.0, 1.0, 1.0], (0.80, 0.78, 0.70), "never above the unpruned model."),
 ])
 def test_the_puzzle_finding_calls_a_latency_change_real_only_outside_the_measured_spread(latency_ratios, accuracies,
                                                                                          verdict):
-    assert verdict in lab.puzzle_finding(_puzzle_frame(latency_ratios, accuracies=accuracies))
+    assert verdict in _puzzle(latency_ratios, accuracies=accuracies).finding()
 
 
 def test_accuracy_is_measured_on_validation_or_test_only(cfg):
@@ -85,22 +92,23 @@ def test_sparse_storage_pays_only_at_high_sparsity(cfg):
     frame = lab.sparse_storage(cfg, sparsities=(0.0, 0.5, 0.95))
     assert frame.layer.iloc[0] == "block3.1.0" and frame.weight_shape.iloc[0] == "128x128x3x3"
     assert frame.coo_bytes.iloc[0] > 8 * frame.dense_bytes.iloc[0] > 8 * frame.coo_bytes.iloc[2]
-    assert lab.break_even(frame, "coo_bytes") == pytest.approx(0.95, abs=0.01)
-    assert lab.break_even(frame, "csr_bytes") == pytest.approx(0.95, abs=0.01)  # 50 % is not enough for CSR either
-    assert lab.storage_numbers(frame)["coo_predicted"] == pytest.approx(8 / 9)
-    assert len(lab.storage_long(frame, "bytes")) == 9 and len(lab.storage_long(frame, "time")) == 6
-    text = lab.storage_finding(frame)
+    assert frame.break_even("coo_bytes") == pytest.approx(0.95, abs=0.01)
+    assert frame.break_even("csr_bytes") == pytest.approx(0.95, abs=0.01)  # 50 % is not enough for CSR either
+    assert frame.predicted()["coo_predicted"] == pytest.approx(8 / 9)
+    assert len(frame.long("bytes")) == 9 and len(frame.long("time")) == 6
+    assert (frame.csr_matmul_p10_s <= frame.csr_matmul_s).all()
+    text = frame.finding()
     assert text.startswith("block3.1.0 (128x128x3x3): COO took fewer bytes than dense from 95% zeros (predicted 89%)")
-    assert "the CSR matmul" in text and "call-to-call spread" in text
+    assert "; the CSR matmul " in text and "at 95% " in text
     with pytest.raises(ConfigError, match=r"what='speed' is not allowed"):
-        lab.storage_long(frame, "speed")
+        frame.long("speed")
 
 
 def test_semi_structured_says_why_it_cannot_time_on_a_cpu(cfg):
     record = lab.semi_structured(cfg)
     assert record.speedup is None and "CUDA GPU of compute capability 8.0+" in record.reason
     assert "stem.0" not in record.layers and 0.3 < record.sparsity <= 0.5
-    assert "Speed not measured" in str(record)
+    assert "Speed not measured" in str(record) and str(record) == str(record.finding())
 
 
 def test_the_sensitivity_scan_prunes_one_layer_at_a_time_on_the_validation_split(cfg):
@@ -110,32 +118,33 @@ def test_the_sensitivity_scan_prunes_one_layer_at_a_time_on_the_validation_split
     assert list(scan.layer.unique()) == layers and len(scan) == 2 * len(layers)
     assert (scan.base_val_accuracy == lab.accuracy(model, cfg, "val")).all()
     assert scan.accuracy_drop.equals(scan.base_val_accuracy - scan.val_accuracy)
-    assert lab.choose_ratios(scan, max_drop=0.99) == dict.fromkeys(layers, 0.9)
-    strict = lab.choose_ratios(scan, max_drop=0.0)
+    assert scan.ratios(max_drop=0.99) == dict.fromkeys(layers, 0.9)
+    strict = scan.ratios(max_drop=0.0)
     for layer, chosen in strict.items():
         rows = scan[(scan.layer == layer) & (scan.accuracy_drop <= 0)]
         assert chosen == (rows.sparsity.max() if len(rows) else 0.0)
     with pytest.raises(ConfigError, match=r"max_drop=2 is not allowed"):
-        lab.choose_ratios(scan, max_drop=2)
+        scan.ratios(max_drop=2)
 
 
 def test_compared_schemes_remove_the_same_share_of_weights(cfg):
     model, _ = lab.fine_tuned(cfg)
     ratios = {"block3.1.0": 0.9, "block3.0.0": 0.5}
-    compared = lab.compare_ratios(cfg, ratios).set_index("scheme")
-    target = lab.overall_sparsity(model, ratios)
+    result = lab.compare_ratios(cfg, ratios)
+    compared = result.set_index("scheme")
+    target = overall_sparsity(model, ratios)
     assert compared.sparsity["unpruned"] == 0
     for scheme in ("per-layer (from the scan)", "uniform", "global"):
         assert compared.sparsity[scheme] == pytest.approx(target, abs=0.005), scheme
-    assert lab.ratios_line(ratios) == "Chosen per layer: block3.1.0 90%, block3.0.0 50%."
-    text = lab.ratios_finding(compared.reset_index())
-    assert text.startswith(f"At {compared.sparsity['uniform']:.0%} of all weights: ")
-    assert "within the test noise" in text or "beyond the test noise" in text
+    text = result.finding()
+    assert text.startswith("Chosen per layer: block3.1.0 90%, block3.0.0 50%. "
+                           f"At {compared.sparsity['uniform']:.0%} of all weights: ")
+    assert text.endswith(("within the noise.", "lower.", "higher."))
 
 
 def test_structured_pruning_shrinks_the_model_and_recovery_trains_it(cfg, monkeypatch):
     trained = []
-    recover = lab.recover
+    recover = channels.recover
 
     def spy(model, run_cfg, steps, **kwargs):
         before = [p.detach().clone() for p in model.parameters()]
@@ -152,51 +161,54 @@ def test_structured_pruning_shrinks_the_model_and_recovery_trains_it(cfg, monkey
     assert by.num_params["pruned"] == by.num_params["pruned + recovery"]
     assert trained == [(5, 5, True)]  # the pruned model itself was fine-tuned for 5 steps
     assert (frame.cpu_latency_s == frame.latency_s).all()  # on a CPU run the two are one measurement
-    text = lab.structured_finding(frame)
+    text = frame.finding()
     assert f"{by.num_params['dense'] / by.num_params['pruned']:.1f}x fewer parameters" in text
-    assert "after 5 recovery steps test accuracy is" in text and "timing noise" in text
+    assert "after 5 recovery steps test accuracy is" in text and "x (" in text.split("latency ")[1]
 
 
 def test_the_own_flops_numbers_pick_the_conv_that_shrank_most(cfg):
     model, _ = lab.fine_tuned(cfg)
     x = lab.example_batch(cfg, 4)
     slim = pruning.prune_channels(model, 0.5, x[:2])
-    numbers = lab.flops_numbers(model, slim)
+    mine = lab.own_flops(model, slim, x)
+    numbers = mine.numbers
     assert numbers["in_after"] * 2 == numbers["in_before"] and numbers["out_after"] * 2 == numbers["out_before"]
-    measured = lab.layer_flops(slim, numbers["layer"], x) / lab.layer_flops(model, numbers["layer"], x)
-    assert measured == pytest.approx(0.25)
-    assert "0.250x the FLOPs" in lab.flops_finding(numbers, model, slim, x)
+    measured = channels.layer_flops(slim, numbers["layer"], x) / channels.layer_flops(model, numbers["layer"], x)
+    assert measured == pytest.approx(0.25) == mine.frame.flops_ratio.iloc[0]
+    assert "0.250x the FLOPs" in mine.finding()
     with pytest.raises(ConfigError, match=r"layer='head.2' is not allowed: a conv"):
-        lab.flops_numbers(model, slim, "head.2")
+        lab.own_flops(model, slim, x, "head.2")
 
 
 def test_repeats_count_the_images_gained_and_lost(cfg):
-    frame = lab.repeats(cfg, seeds=(0, 1), amounts=(0.3, 0.8))
+    result = lab.repeats(cfg, seeds=(0, 1), amounts=(0.3, 0.8))
+    frame, summary = result.runs, result.frame
     assert len(frame) == 4 and set(frame.seed) == {0, 1}
-    test_size = len(lab._splits(cfg)["test"])
+    test_size = len(run_splits(cfg, training=False)["test"])
     assert ((frame.gained - frame.lost) / test_size - frame.delta).abs().max() < 1e-9
-    summary = lab.rise_summary(frame)
     assert list(summary.seeds) == [2, 2] and summary.accuracy_change.tolist() == pytest.approx(
         frame.groupby("amount").delta.mean().tolist())
-    assert lab.rise_finding(frame).startswith("Over 2 seeds x 2 amounts, accuracy rose in ")
+    assert result.finding().startswith("Over 2 seeds x 2 amounts, accuracy rose in ")
     with pytest.raises(ConfigError, match=r"seeds=\[0\] is not allowed: at least two different seeds"):
         lab.repeats(cfg, seeds=(0,))
     with pytest.raises(ConfigError, match=r"seeds=\[3, 3\] is not allowed: at least two different seeds"):
         lab.repeats(cfg, seeds=(3, 3))
     with pytest.raises(ConfigError, match=r"amounts=1.5 is not allowed: a fraction in \[0, 1\)"):
         lab.repeats(cfg, seeds=(5, 6), amounts=(1.5,))  # refused before seeds 5 and 6 are fine-tuned
-    assert len(lab.REPEAT_SEEDS["ci"]) == 2 and all(len(set(s)) >= 2 for s in lab.REPEAT_SEEDS.values())
+    assert len(REPEAT_SEEDS["ci"]) == 2 and all(len(set(s)) >= 2 for s in REPEAT_SEEDS.values())
 
 
-def _repeats_frame(deltas_by_seed):
-    return pd.DataFrame([{"seed": seed, "amount": 0.2, "delta": d, "unpruned_accuracy": 0.8, "gained": 1, "lost": 0}
-                         for seed, d in enumerate(deltas_by_seed)])
+def _repeats(deltas_by_seed, unpruned=(0.80, 0.81, 0.79)):
+    return Repeats.of(pd.DataFrame([{"seed": seed, "amount": 0.2, "delta": d, "unpruned_accuracy": u,
+                                     "test_accuracy": u + d, "gained": 1, "lost": 0}
+                                    for seed, (d, u) in enumerate(zip(deltas_by_seed, unpruned, strict=True))]))
 
 
 def test_the_rise_finding_calls_a_rise_real_only_beyond_the_spread_between_seeds():
-    assert lab.rise_finding(_repeats_frame([0.004, -0.004, 0.008])).endswith(": chance.")
-    # a steady rise of 6 points on every seed: beyond twice its standard error and half the test noise
-    assert "possibly real" in lab.rise_finding(_repeats_frame([0.06, 0.061, 0.059]))
+    assert _repeats([0.004, -0.004, 0.008]).finding().endswith("(within the noise), no rise beyond chance.")
+    # a steady rise of 6 points on every seed: the pruned models' accuracies lie above the unpruned ones'
+    assert _repeats([0.06, 0.061, 0.059]).finding().endswith("(higher), possibly real, worth more seeds.")
+    assert "(no spread measured)" in _repeats([0.06, 0.06, 0.06], unpruned=(0.8, 0.8, 0.8)).finding()
 
 
 @pytest.mark.parametrize("method", lab.METHODS)
@@ -228,7 +240,7 @@ def test_latencies_time_models_in_turns_and_a_slimmer_model_is_faster(cfg):
     model, _ = lab.fine_tuned(cfg)
     x = lab.example_batch(cfg)
     slim = pruning.prune_channels(model, 0.75, x[:2])
-    dense_s, slim_s = lab.latencies([model, slim], x)
+    dense_s, slim_s = latencies([model, slim], x)
     assert slim_s < dense_s  # 16x fewer multiply-adds in the middle layers: far beyond timing noise
     assert measure.inference_peak_bytes(slim, x) < measure.inference_peak_bytes(model, x)
 

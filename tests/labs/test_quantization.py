@@ -10,7 +10,10 @@ import labkit
 from labkit import display, measure
 from labkit.errors import ConfigError
 from labkit.labs import quantization as lab
-from labkit.labs.quantization import workload
+from labkit.labs.quantization import methods as methods_module
+from labkit.labs.quantization.language import FP32_AGAIN, LM_EVAL_ROWS, LmQuantization
+from labkit.labs.quantization.sensitivity import SIMULATED_CHOICES
+from labkit.labs.quantization.workload import QAT, speedup
 from labkit.techniques import quantization
 
 
@@ -33,9 +36,9 @@ CPU_BATCH, EVAL_IMAGES = 16, 64
 def table(cfgs):
     methods = ("fp32", "fp16", "bf16", "int8_dynamic", "int8_dynamic_torchao", "int8_static", "int4_weight_only",
                "nf4_bnb",
-               lab.QAT)
+               QAT)
     # a small latency batch and test slice: the emulated fp16/bf16 and torchao's CPU int8 matmul are slow here
-    return lab.compare(cfgs, methods=methods, num_calibration=2, progress=False, cpu_batch=CPU_BATCH,
+    return lab.method_comparison(cfgs, methods=methods, num_calibration=2, progress=False, cpu_batch=CPU_BATCH,
                        eval_images=EVAL_IMAGES)
 
 
@@ -58,7 +61,7 @@ def test_calibration_batches_are_training_inputs_as_the_model_sees_them(cfgs):
 
 def test_scheme_errors_per_channel_wins_when_rows_differ():
     weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 0, 64)[:, None]
-    frame = lab.scheme_errors(weight).set_index(["scheme", "granularity"])
+    frame = lab.scheme_errors(weight).frame.set_index(["scheme", "granularity"])
     assert len(frame) == 4
     error = frame.relative_error
     assert error[("symmetric", "per channel")] < error[("symmetric", "per tensor")]
@@ -79,7 +82,7 @@ def test_compare_measures_every_method_or_says_why_not(table):
     assert rows.loc[("small_cnn", "int8_dynamic"), "size_vs_fp32"] > 0.95  # its convolutions stay float
     assert rows.loc[("small_cnn", "int8_static"), "size_vs_fp32"] < 0.35
     assert rows.loc[("tiny_vit", "nf4_bnb"), "size_vs_fp32"] < rows.loc[("tiny_vit", "int8_dynamic"), "size_vs_fp32"]
-    assert rows.loc[("tiny_vit", lab.QAT), "size_vs_fp32"] < 0.4
+    assert rows.loc[("tiny_vit", QAT), "size_vs_fp32"] < 0.4
     fp32 = rows.loc[("tiny_vit", "fp32")]
     bf16 = rows.loc[("tiny_vit", "bf16")]
     assert bf16.accuracy_drop == pytest.approx(fp32.test_accuracy - bf16.test_accuracy)
@@ -88,43 +91,50 @@ def test_compare_measures_every_method_or_says_why_not(table):
 
 def test_the_findings_quote_the_table(table):
     rows = table.set_index(["model", "method"])
-    text = flat(lab.compare_finding(table))
-    assert "\n" not in lab.compare_finding(table) and text.startswith("tiny_vit: smallest file ")  # one line
-    assert "; small_cnn: smallest file" in text and "fastest on the CPU" in text and "of fp32's accuracy" in text
-    api = flat(lab.api_finding(table))
+    text = flat(table.finding())
+    assert "\n" not in table.finding() and text.startswith("tiny_vit: smallest file ")  # one line
+    assert "; small_cnn: smallest file" in text and "fastest on the CPU" in text
+    assert "accuracy against fp32's: " in text and ("within the noise" in text or "lower" in text)
+    assert flat(repr(table)).endswith(text) and "CPU inference latency (ms)" in repr(table)  # table, then finding
+    api = flat(table.api_finding())
     old, new = rows.loc[("tiny_vit", "int8_dynamic")], rows.loc[("tiny_vit", "int8_dynamic_torchao")]
     if new.ran:
         assert f"torch.ao {display.number(old.cpu_latency_s * 1e3)} ms" in api
-        assert f"{old.cpu_latency_s / new.cpu_latency_s:.2f}x" in api
+        assert f"torchao against torch.ao: {speedup(old.cpu_latency_s, new.cpu_latency_s, old.cpu_noise)}." in api
     else:  # without the quant extra (torchao): the finding says so
         assert api.startswith("Only one of the two APIs ran here (torch.ao): torchao is not installed")
-    size = flat(lab.size_finding(table))
+    size = flat(table.size_finding())
     assert f"{rows.loc[('small_cnn', 'int8_dynamic'), 'size_vs_fp32']:.0%} of small_cnn's" in size
     assert "static int8 took small_cnn to" in size
-    fp16 = flat(lab.fp16_finding(table))
-    assert f"fp16 {rows.loc[('tiny_vit', 'fp16'), 'cpu_speedup']:.2f}x" in fp16
+    fp16 = flat(table.fp16_finding())
+    assert f"fp16 {table.speed('tiny_vit', 'fp16')}; bf16 {table.speed('tiny_vit', 'bf16')}" in fp16
+    assert table.speed("tiny_vit", "fp16").ratio == pytest.approx(rows.loc[("tiny_vit", "fp16"), "cpu_speedup"])
+    mine = table.own_size_numbers("tiny_vit")
+    assert mine["measured_pct"] == round(rows.loc[("tiny_vit", "int8_dynamic"), "size_vs_fp32"] * 100, 1)
 
 
 def test_a_speed_up_is_real_only_beyond_the_measured_timing_noise(table):
-    assert lab.speed_verdict(1.03, 0.05) == "1.03x, the same within the 5% timing noise"
-    assert lab.speed_verdict(0.96, 0.05) == "0.96x, the same within the 5% timing noise"
-    assert lab.speed_verdict(1.5, 0.05) == "1.50x, faster" and lab.speed_verdict(0.5, 0.05) == "0.50x, slower"
+    assert str(speedup(1.03, 1.0, 0.05)) == "1.03x (within the noise)"
+    assert str(speedup(0.96, 1.0, 0.05)) == "0.96x (within the noise)"
+    assert str(speedup(1.5, 1.0, 0.05)) == "1.5x (faster)" and str(speedup(0.5, 1.0, 0.05)) == "0.5x (slower)"
+    assert speedup(1.06, 1.0, 0.05).real and not speedup(1.04, 1.0, 0.05).real  # real beyond 1 + noise
+    assert speedup(1.5, 1.0, float("nan")).real is None  # no noise measured: no verdict
     noise = table.groupby("model").cpu_noise.nunique()
     assert (noise == 1).all() and table.cpu_noise.between(0, 1).all()  # one timing noise per model, measured
 
 
 def test_the_tables_and_charts_show_what_was_measured(table):
-    columns = lab.table_columns(table)
+    columns = table.show_columns()
     assert "gpu_latency_s" not in columns and len(columns) <= display.MAX_TABLE_COLUMNS  # no GPU here: no empty column
-    view = display.frame(table, columns)
+    view = display.frame(table.frame, columns)
     assert "CPU inference latency (ms)" in view and len(view) == len(table)
     assert any(c in view for c in ("model size (KiB)", "model size (MiB)"))  # human units, never raw bytes
-    assert lab.chart_metrics(table) == ["size_vs_fp32", "cpu_speedup", "test_accuracy"]
+    assert table.metrics() == ["size_vs_fp32", "cpu_speedup", "test_accuracy"]
     row = table.set_index(["model", "method"]).loc[("tiny_vit", "int4_weight_only")]
     assert row["not run because"].startswith("torchao's int4") and ";" not in row["not run because"]
-    with_gpu = table.assign(gpu_latency_s=0.01, gpu_speedup=1.0)
-    assert "gpu_latency_s" in lab.table_columns(with_gpu) and len(lab.table_columns(with_gpu)) <= 7
-    assert lab.chart_metrics(with_gpu)[-1] == "gpu_speedup"
+    with_gpu = type(table)(table.frame.assign(gpu_latency_s=0.01, gpu_speedup=1.0))
+    assert "gpu_latency_s" in with_gpu.show_columns() and len(with_gpu.show_columns()) <= 7
+    assert with_gpu.metrics()[-1] == "gpu_speedup"
     methods = lab.methods_table()
     assert len(lab.methods_columns(methods)) <= 7 and "Linear only" in methods  # the rest stays in the frame
     display.frame(methods, lab.methods_columns(methods))
@@ -132,9 +142,9 @@ def test_the_tables_and_charts_show_what_was_measured(table):
 
 def test_compare_refuses_unknown_methods(cfgs):
     with pytest.raises(ConfigError, match=r"methods=\['int2'\] is not allowed: names from \['fp32'"):
-        lab.compare(cfgs, methods=("fp32", "int2"))
+        lab.method_comparison(cfgs, methods=("fp32", "int2"))
     with pytest.raises(ConfigError, match=r"cfgs=\{\} is not allowed: a non-empty dict"):
-        lab.compare({}, methods=("fp32",))
+        lab.method_comparison({}, methods=("fp32",))
 
 
 def test_fx_and_pt2e_static_int8_are_compared_on_the_same_fine_tune(cfgs):
@@ -145,13 +155,14 @@ def test_fx_and_pt2e_static_int8_are_compared_on_the_same_fine_tune(cfgs):
     assert 0.2 < pt2e.size_vs_fp32 < 0.3 and abs(pt2e.size_vs_fp32 - fx.size_vs_fp32) < 0.02
     assert frame.test_accuracy.between(0, 1).all() and frame.accuracy_drop.iloc[0] == 0
     assert "PT2E" in frame.flow.iloc[2] and "deprecated" in frame.flow.iloc[1]
-    text = flat(lab.flows_finding(frame, "small_cnn"))
+    text = flat(frame.finding())
     assert text.startswith("small_cnn, static int8: PT2E ")
     assert f"{pt2e.test_accuracy:.1%} against FX {fx.test_accuracy:.1%}" in text and "the same 8 layers in int8" in text
-    assert "test noise" in text
-    differs = frame.assign(same_layers=[True, True, False], int8_layers=[0, 8, 7])
-    assert "different layers in int8 (8 by FX, 7 by PT2E)" in flat(lab.flows_finding(differs))
-    assert lab.flows(cfgs["small_cnn"], num_calibration=2).equals(frame)  # read back from the cache
+    assert "points, within the noise;" in text or "points, lower;" in text or "points, higher;" in text
+    differs = type(frame)(frame.frame.assign(same_layers=[True, True, False], int8_layers=[0, 8, 7]))
+    assert "different layers in int8 (8 by FX, 7 by PT2E)" in flat(differs.finding())
+    assert flat(differs.finding()).startswith("the model, static int8")
+    assert lab.flows(cfgs["small_cnn"], num_calibration=2).frame.equals(frame.frame)  # read back from the cache
 
 
 def test_pt2e_is_a_method_beside_the_others_but_not_timed_in_the_table():
@@ -162,19 +173,21 @@ def test_pt2e_is_a_method_beside_the_others_but_not_timed_in_the_table():
 
 
 def test_compare_always_measures_the_fp32_reference(cfgs):
-    table = lab.compare({"small_cnn": cfgs["small_cnn"]}, methods=("int8_static",), num_calibration=1,
-                        progress=False)
+    table = lab.method_comparison({"small_cnn": cfgs["small_cnn"]}, methods=("int8_static",), num_calibration=1,
+                                  progress=False)
     assert list(table.method) == ["fp32", "int8_static"]
     ci = labkit.profile("ci")
     assert (table.cpu_batch == ci.latency_batch).all() and (table.test_images == ci.test_size).all()
-    assert table.size_vs_fp32.iloc[1] < 0.35 and "small_cnn" in str(lab.compare_finding(table))
+    assert table.size_vs_fp32.iloc[1] < 0.35 and "small_cnn" in str(table.finding())
 
 
 def test_stacking_fp16_then_int8_dynamic_fails_in_the_forward(cfgs):
     stack = lab.stacking(cfgs["tiny_vit"])
-    assert stack.fp16_bytes < 0.55 * stack.fp32_bytes and stack.int8_bytes < 0.35 * stack.fp32_bytes
+    ratio = stack.frame.set_index("variant").size_vs_fp32
+    assert list(ratio.index) == ["fp32", "fp16", "int8 dynamic", "fp16 then int8 dynamic"]
+    assert ratio["fp16"] < 0.55 and ratio["int8 dynamic"] < 0.35
     assert "Half" in stack.fp16_input_error
-    assert "failed" in flat(stack)
+    assert "fp16 inputs: failed: " in flat(stack.finding()) and "failed" in flat(repr(stack))
 
 
 def test_sensitivity_compares_the_float_choices_on_validation(cfgs):
@@ -185,10 +198,14 @@ def test_sensitivity_compares_the_float_choices_on_validation(cfgs):
     assert frame.accuracy_drop.iloc[0] == 0
     assert int8.model_size_bytes.iloc[0] < int8.model_size_bytes.iloc[-1] < frame.model_size_bytes.iloc[0]
     simulated = frame[frame.study == "3-bit weights (simulated)"]
-    assert list(simulated.choice) == list(lab.SIMULATED_CHOICES) and simulated.model_size_bytes.isna().all()
-    text = flat(lab.sensitivity_finding(frame))
+    assert list(simulated.choice) == list(SIMULATED_CHOICES) and simulated.model_size_bytes.isna().all()
+    text = flat(frame.finding())
     assert text.startswith("Validation accuracy of fp32") and "3-bit weights (simulated): everything quantized" in text
-    assert "\n" not in lab.sensitivity_finding(frame)
+    assert "\n" not in frame.finding()
+    lost = frame.frame.copy()
+    lost.loc[lost.label == "3-bit all rounded", "val_accuracy"] = 0.0  # everything rounded lost all: won back
+    won = flat(type(frame)(lost).finding())
+    assert "3-bit weights (simulated): everything quantized -" in won and "(lower), " in won and " won back +" in won
     cnn = lab.sensitivity(cfgs["small_cnn"], num_calibration=2, bits=())
     assert "LayerNorm float" not in set(cnn.choice)  # a CNN has no LayerNorm: that choice is not repeated
 
@@ -199,13 +216,15 @@ def test_qat_vs_ptq_runs_three_recipes_from_the_same_model(cfgs):
     assert math.isnan(frame.step_time_s.iloc[0]) and (frame.step_time_s.iloc[1:] > 0).all()
     assert (frame.step_time_p10_s.iloc[1:] <= frame.step_time_p90_s.iloc[1:]).all()
     assert frame.test_accuracy.between(0, 1).all() and (frame.quantize_s > 0).all()
-    assert "QAT against PTQ at once" in flat(lab.qat_finding(frame))
+    text = flat(frame.finding())
+    assert text.startswith("QAT against PTQ at once: ") and "a QAT step against a float step: " in text
+    assert text.endswith(("(faster).", "(slower).", "(within the noise).", "(no spread measured)."))
     with pytest.raises(ConfigError, match=r"steps=2 is not allowed: an integer >= "):
         lab.qat_vs_ptq(cfgs["small_cnn"], steps=2)
 
 
 def test_the_panel_runs_one_method_on_the_chosen_model(cfgs, monkeypatch):
-    monkeypatch.setattr(workload, "workloads", lambda prof=None: cfgs)
+    monkeypatch.setattr(methods_module, "workloads", lambda prof=None: cfgs)
     run = lab.panel_run(cfgs["tiny_vit"], model="tiny_vit", method="int8_dynamic")
     row = run.to_row()
     assert row["size_vs_fp32"] < 0.35 and row["cpu_speedup"] > 0 and row["model"] == "tiny_vit"
@@ -222,14 +241,14 @@ def test_the_panel_runs_one_method_on_the_chosen_model(cfgs, monkeypatch):
 
 
 def test_a_method_that_runs_on_the_gpu_is_not_reported_as_not_run_for_the_cpus_reason():
-    from labkit.labs.quantization.methods import _Built, not_run_reason
+    from labkit.labs.quantization.methods import Built, not_run_reason
 
-    cpu_only = _Built(None, reason="int4_weight_only runs on CUDA only; for 4 bits on a CPU use 'nf4_bnb'")
+    cpu_only = Built(None, reason="int4_weight_only runs on CUDA only; for 4 bits on a CPU use 'nf4_bnb'")
     assert not_run_reason(cpu_only, None) == cpu_only.reason  # no GPU: the CPU's reason, whole
-    assert not_run_reason(cpu_only, _Built(object())) == "CPU: int4_weight_only runs on CUDA only"
-    both = not_run_reason(cpu_only, _Built(None, reason="QAT converts to torch.ao's int8 CPU kernels"))
+    assert not_run_reason(cpu_only, Built(object())) == "CPU: int4_weight_only runs on CUDA only"
+    both = not_run_reason(cpu_only, Built(None, reason="QAT converts to torch.ao's int8 CPU kernels"))
     assert both == "CPU: int4_weight_only runs on CUDA only; GPU: QAT converts to torch.ao's int8 CPU kernels"
-    assert not_run_reason(_Built(object()), _Built(object())) is None
+    assert not_run_reason(Built(object()), Built(object())) is None
 
 
 def test_int8_dynamic_on_the_fine_tuned_language_model(tmp_path, monkeypatch):
@@ -238,13 +257,14 @@ def test_int8_dynamic_on_the_fine_tuned_language_model(tmp_path, monkeypatch):
     cfg = labkit.workloads.lm_finetune_config(max_steps=4, train_size=64)
     frame = lab.lm_quantization(cfg)
     rows = frame.set_index("variant")
-    assert list(rows.index) == [lab.FP32, lab.ALL_INT8, lab.HEAD_FLOAT, lab.FP32_AGAIN]
+    assert list(rows.index) == [lab.FP32, lab.ALL_INT8, lab.HEAD_FLOAT, FP32_AGAIN]
     assert rows.size_ratio[lab.ALL_INT8] < rows.size_ratio[lab.HEAD_FLOAT] < 0.4  # tiny_llama: Linear-heavy
     assert (rows.perplexity[[lab.ALL_INT8, lab.HEAD_FLOAT]] < 1.1 * rows.perplexity[lab.FP32]).all()
-    assert (rows.latency_per_token_s > 0).all() and rows.scored_rows.iloc[0] == min(lab.LM_EVAL_ROWS, 128)
-    text = lab.lm_quantization_finding(frame)
+    assert (rows.latency_per_token_s > 0).all() and rows.scored_rows.iloc[0] == min(LM_EVAL_ROWS, 128)
+    text = frame.finding()
     assert text.startswith("On tiny_llama (fp32 3.05 MiB") and "int8 dynamic, output layer float" in text
-    assert lab.lm_quantization(cfg).equals(frame)  # read back from the cache
+    assert f", {rows.vs_fp32[lab.ALL_INT8]:.3g}x (" in flat(text) and ") the latency, exact match " in flat(text)
+    assert lab.lm_quantization(cfg).frame.equals(frame.frame)  # read back from the cache
     assert not rows.tied.any() and "tied" not in text  # tiny_llama's output layer is its own
 
 
@@ -267,5 +287,5 @@ def test_int8_on_a_tied_output_layer_adds_a_copy_so_keeping_it_float_is_smaller(
                            "size_ratio": b / sizes["fp32"], "latency_per_token_s": 1e-3, "vs_fp32": 1.0,
                            "exact_match": 0.0, "perplexity": 9.0, "scored_rows": 8, "tied": True}
                           for v, b in ((lab.FP32, sizes["fp32"]), (lab.ALL_INT8, sizes["every"]),
-                                       (lab.HEAD_FLOAT, sizes["head"]), (lab.FP32_AGAIN, sizes["fp32"]))])
-    assert "tied to the token embeddings, so int8 there adds a copy" in lab.lm_quantization_finding(frame)
+                                       (lab.HEAD_FLOAT, sizes["head"]), (FP32_AGAIN, sizes["fp32"]))])
+    assert "tied to the token embeddings, so int8 there adds a copy" in LmQuantization(frame).finding()

@@ -9,6 +9,11 @@ import labkit
 from labkit import results
 from labkit.errors import ConfigError
 from labkit.labs import recipe as lab
+from labkit.labs.recipe.language import LmRecipe
+from labkit.labs.recipe.panel import DOCTOR_STEPS
+from labkit.labs.recipe.profiler import operator_rows
+from labkit.labs.recipe.stages import GIVEN, MEASURED, STAGE_COLUMNS, Stage, changes_nothing, measured_order
+from labkit.labs.recipe.summary import Summary
 from labkit.result import RunResult
 from labkit.techniques.optimizers import scale_lr
 
@@ -68,53 +73,58 @@ def test_staged_stacks_each_stage_on_the_ones_before(base, small_recipe):
     assert rec.order[-1].key == "quantize" and {s.key for s in rec.order} == {s.key for s in rec.stages}
     assert rec.given.iloc[-1].deployed_size_bytes < rec.given.iloc[-2].deployed_size_bytes  # int8 Linear head
     assert rec.given.epoch_time_s.gt(0).all() and rec.given.deployed_accuracy.between(0, 1).all()
-    table = lab.stage_table(rec)
-    assert len(table) == 10 and list(table.columns) == list(lab.STAGE_COLUMNS)
-    assert table.order.tolist() == [lab.GIVEN] * 5 + [lab.MEASURED] * 5
+    table = rec.frame
+    assert len(table) == 10 and list(table.columns) == list(STAGE_COLUMNS)
+    assert table.order.tolist() == [GIVEN] * 5 + [MEASURED] * 5
     assert table.model_size_bytes.iloc[4] == rec.given.deployed_size_bytes.iloc[4]  # the deployed model's
     assert (table.epoch_time_p10_s <= table.epoch_time_s).all() and (table.epoch_time_s <= table.epoch_time_p90_s).all()
-    assert len(lab.stage_table(rec, "alone")) == 5
-    with pytest.raises(ConfigError, match="which='both' is not allowed: 'stacked'"):
-        lab.stage_table(rec, "both")
-    text = lab.recipe_finding(rec)
+    assert len(rec.each_alone) == 5 and rec.each_alone.frame.model_size_bytes.iloc[4] == \
+        rec.alone.deployed_size_bytes.iloc[4]
+    assert rec.whole_time().ratio == pytest.approx(last.epoch_time_s / rec.given.iloc[0].epoch_time_s)
+    assert rec.whole_time().band[0] <= rec.whole_time().ratio <= rec.whole_time().band[1]  # both runs' spreads
+    text = rec.finding()
     assert text.startswith("The whole recipe: epoch time") and "\n" not in text
     assert all(len(line) <= 100 for line in str(text).splitlines())  # printed wrapped
-    assert lab.order_finding(rec).startswith("Measured order: ")
+    assert rec.each_alone.finding().startswith("Measured order: ")
+    assert "Measured order: " in repr(rec.each_alone) and "The whole recipe" in rec._repr_html_()
     with pytest.raises(ConfigError, match="the training stages"):
-        lab.own_stack_numbers(rec)  # the exercise needs the shipped recipe's four training stages
+        rec.own_stack_numbers()  # the exercise needs the shipped recipe's four training stages
 
 
 def test_measured_order_ranks_by_memory_times_time_and_keeps_inference_last():
-    stages = [lab.Stage("a", {"batch_size": 128}), lab.Stage("q", {"quantize": "fp16"}),
-              lab.Stage("b", {"freeze": "heavy"}), lab.Stage("c", {"checkpointing": True})]
+    stages = [Stage("a", {"batch_size": 128}), Stage("q", {"quantize": "fp16"}),
+              Stage("b", {"freeze": "heavy"}), Stage("c", {"checkpointing": True})]
     alone = pd.DataFrame({"peak_memory_bytes": [100, 150, 100, 40, 60], "epoch_time_s": [1.0, 0.8, 0.5, 0.9, 1.2],
                           "error": [None, None, None, None, None]})
-    assert [s.name for s in lab.measured_order(stages, alone)] == ["b", "c", "a", "q"]  # 0.36, 0.72, 1.2; q last
+    assert [s.name for s in measured_order(stages, alone)] == ["b", "c", "a", "q"]  # 0.36, 0.72, 1.2; q last
     alone.loc[3, "error"] = "RuntimeError: out of memory"
-    assert [s.name for s in lab.measured_order(stages, alone)] == ["c", "a", "b", "q"]
+    assert [s.name for s in measured_order(stages, alone)] == ["c", "a", "b", "q"]
 
 
 def test_a_precision_that_resolves_to_the_baselines_changes_nothing_and_goes_last():
-    stages = [lab.Stage("amp", {"precision": "auto"}), lab.Stage("freeze", {"freeze": "medium"}),
-              lab.Stage("bf16", {"precision": "bf16"})]
+    stages = [Stage("amp", {"precision": "auto"}), Stage("freeze", {"freeze": "medium"}),
+              Stage("bf16", {"precision": "bf16"})]
     alone = pd.DataFrame({"peak_memory_bytes": [100, 100, 50, 60], "epoch_time_s": [1.0, 0.9, 0.6, 1.5],
                           "precision_used": ["fp32", "fp32", "fp32", "bf16"], "error": [None] * 4})
-    assert lab.changes_nothing(stages[0], alone.iloc[1], alone.iloc[0])  # 0.9x is noise: the same computation
-    assert not lab.changes_nothing(stages[2], alone.iloc[3], alone.iloc[0])
-    assert [s.name for s in lab.measured_order(stages, alone)] == ["freeze", "bf16", "amp"]
+    assert changes_nothing(stages[0], alone.iloc[1], alone.iloc[0])  # 0.9x is noise: the same computation
+    assert not changes_nothing(stages[2], alone.iloc[3], alone.iloc[0])
+    assert [s.name for s in measured_order(stages, alone)] == ["freeze", "bf16", "amp"]
 
 
 def test_the_profiled_step_names_operators_by_kind_and_writes_a_trace(base):
-    before, after = lab.profile_pair(base.replace(epochs=1, max_steps=8))
+    pair = lab.profile_pair(base.replace(epochs=1, max_steps=8))
+    before, after = pair.before, pair.after
     assert before.precision == "fp32" and after.precision == lab.profiler_precision(base) == "bf16"
     assert len(before.ops) == lab.PROFILE_TOP and before.ops.self_ms.is_monotonic_decreasing
     assert before.kinds.share.sum() == pytest.approx(1.0) and before.kinds.kind.iloc[0] == "matmul / convolution"
     trace = json.loads(before.trace_path.read_text())
     assert trace["traceEvents"] and before.trace_path.name.endswith("fp32-cpu.json")
     assert after.ops.operator.str.contains("_to_copy|copy_").any()
-    text = lab.profile_finding(before, after)
+    text = pair.finding()
     assert text.startswith("One profiled step (cpu): fp32") and "bf16" in text and "\n" not in text
-    kinds = lab.kinds_table(before, after)
+    assert "ms: " in text and "x (no spread measured);" in text  # one step each: no spread
+    kinds = pair.frame
+    assert set(pair.long().precision) == {"fp32", "bf16"} and "kind" in pair.text()
     assert list(kinds.columns) == ["kind", "fp32_self_ms", "bf16_self_ms", "fp32_share", "bf16_share"]
     assert kinds.fp32_share.sum() == pytest.approx(1.0)
 
@@ -151,7 +161,7 @@ def test_the_summary_pairs_each_technique_with_its_run_without_it(tmp_path, monk
         "model": [cfg.model] * 2, "method": ["fp32", "int8_static"], "ran": [True, True],
         "cpu_latency_s": [0.02, 0.005], "model_size_bytes": [1200, 320],
         "test_accuracy": [0.70, 0.69]}).to_json(orient="split")})
-    frame = lab.summary(prof).set_index("technique")
+    frame = lab.summary(prof).frame.set_index("technique")
     freeze = frame.loc["freezing"]
     assert freeze.pairs == 2 and freeze.time_ratio == pytest.approx(0.5) and freeze.memory_ratio == pytest.approx(0.4)
     assert freeze.accuracy_change == pytest.approx(-0.01) and "freeze=medium" in freeze.setting
@@ -162,7 +172,7 @@ def test_the_summary_pairs_each_technique_with_its_run_without_it(tmp_path, monk
     assert quant.time_basis == "CPU inference latency"
     assert frame.loc["LoRA"].pairs == 0 and frame.loc["mixed precision"].pairs == 0
     assert list(frame.notebook) == sorted(frame.notebook)
-    text = lab.summary_finding(frame.reset_index())
+    text = Summary(frame.reset_index()).finding()
     assert text.startswith("Most saved here, time: 06 int8 quantization (0.25x)") and "\n" not in text
     assert "not run yet on this machine" in text and "08 LoRA" in text
 
@@ -177,9 +187,9 @@ def test_broken_configs_and_the_panel(base):
     assert lab.broken(base, "nan_loss").lr == 50.0 and lab.broken(base, "pruning_memory").prune_amount == 0.5
     with pytest.MonkeyPatch.context() as env:  # at full the doctor's runs stop at DOCTOR_STEPS (09 within 15 min)
         env.setenv("LABKIT_PROFILE", "full")
-        assert lab.broken(base, "nan_loss").max_steps == lab.DOCTOR_STEPS < labkit.profile().max_steps
+        assert lab.broken(base, "nan_loss").max_steps == DOCTOR_STEPS < labkit.profile().max_steps
         assert lab.doctor_config(base).epochs == 1
-    assert lab.broken(base, "nan_loss").max_steps == min(labkit.profile().max_steps, lab.DOCTOR_STEPS)
+    assert lab.broken(base, "nan_loss").max_steps == min(labkit.profile().max_steps, DOCTOR_STEPS)
     with pytest.raises(ConfigError, match="symptom"):
         lab.broken(base, "slow")
     cfg = lab.panel_config(base)
@@ -194,7 +204,7 @@ def test_summary_finding_names_a_time_saving_only_beyond_the_runs_spread():
     frame = pd.DataFrame({"label": ["03 gradient checkpointing", "05 freezing"], "pairs": [1, 1],
                           "time_ratio": [0.4, 0.8], "time_beyond_spread": [False, True],
                           "memory_ratio": [1.0, 0.5], "size_ratio": [1.0, 1.0]})
-    assert lab.summary_finding(frame) == "Most saved here, time: 05 freezing (0.80x); peak memory: 05 freezing (0.50x)."
+    assert Summary(frame).finding() == "Most saved here, time: 05 freezing (0.80x); peak memory: 05 freezing (0.50x)."
 
 
 def test_a_gpu_profile_counts_each_kernel_once():
@@ -210,10 +220,10 @@ def test_a_gpu_profile_counts_each_kernel_once():
 
     events = [event("aten::mm", cpu, 300.0), event("sm80_xmma_gemm_f32f32", cuda, 300.0),
               event("aten::relu", cpu, 100.0), event("void elementwise_kernel", cuda, 100.0)]
-    rows = lab.operator_rows(events, on_gpu=True)  # the kernels' rows repeat their operators' device time
+    rows = operator_rows(events, on_gpu=True)  # the kernels' rows repeat their operators' device time
     assert [r["operator"] for r in rows] == ["aten::mm", "aten::relu"]
     assert sum(r["self_ms"] for r in rows) == pytest.approx(0.4)
-    assert len(lab.operator_rows(events, on_gpu=False)) == 4  # a CPU profile has no kernel rows to drop
+    assert len(operator_rows(events, on_gpu=False)) == 4  # a CPU profile has no kernel rows to drop
 
 
 def test_the_shipped_recipe_prints_without_wrapping():
@@ -231,7 +241,11 @@ def test_the_language_model_recipe_is_checked_on_its_baseline_and_stacked(tmp_pa
     assert stages[2].changes == {"lora_rank": 8, "lora_targets": "all-linear", "lr": 0.003}  # lr goes with LoRA
     with pytest.raises(ConfigError, match="packing='pack' is not allowed"):
         lab.recipe_stages(lab.LM_RECIPE_PATH)  # checked alone it is a vision config, where packing means nothing
-    frame = lab.lm_stages(base)
+    rec = lab.lm_stages(base)
+    frame = rec.frame
+    assert rec.test_size > 0
+    scored = LmRecipe(frame.assign(accuracy=[0.5, 0.5, 0.5, 0.5, 0.45]), test_size=1000)  # evaluate=False above
+    assert scored.finding().startswith(f"On {base.model}, the whole recipe") and "(lower)" in scored.finding()
     assert frame.added.tolist()[0] == "baseline" and frame.error.isna().all() and len(frame) == 5
     assert frame.num_trainable_params.iloc[-1] < 0.2 * frame.num_trainable_params.iloc[0]
     assert frame.peak_memory_bytes.iloc[-1] < frame.peak_memory_bytes.iloc[0]

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import labkit
-from labkit.labs import freezing as lab
+from labkit.labs.freezing.caching import FeatureCaching
 from labkit.techniques import freezing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ def cell_with(marker: str) -> str:
 def caching(weight_diff, accuracies, speedup_times=(1.0, 0.1)):
     frame = pd.DataFrame({"method": ["through the network", "cached features"], "epoch_time_s": list(speedup_times),
                           "accuracy": accuracies})
-    return lab.FeatureCaching(frame, extract_s=0.5, cache_bytes=1, head_weight_diff=weight_diff, epochs=3)
+    return FeatureCaching(frame, extract_s=0.5, cache_bytes=1, head_weight_diff=weight_diff, epochs=3)
 
 
 def test_the_caching_check_allows_gpu_rounding_but_not_another_training():

@@ -9,6 +9,7 @@ import pytest
 
 import labkit
 from labkit.labs import lora, memory_savers
+from labkit.labs.memory_savers.accounting import rounding_allowance
 from labkit.techniques import checkpointing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,15 +84,15 @@ def test_the_rounding_allowance_counts_tensors_on_cuda():
     model, _ = labkit.models.build("small_cnn", 10, pretrained=False)
     params, buffers = len(list(model.parameters())), len(list(model.buffers()))
     assert params == 23
-    adamw = memory_savers.rounding_allowance(model, "adamw", True, "cuda")
+    adamw = rounding_allowance(model, "adamw", True, "cuda")
     assert adamw == {"weights": 511 * (23 + buffers), "gradients": 511 * 23, "optimizer_state": 511 * 46}
-    assert memory_savers.rounding_allowance(model, "adamw8bit", True, "cuda")["optimizer_state"] == 511 * 92
-    assert memory_savers.rounding_allowance(model, "sgd", False, "cuda")["optimizer_state"] == 0
+    assert rounding_allowance(model, "adamw8bit", True, "cuda")["optimizer_state"] == 511 * 92
+    assert rounding_allowance(model, "sgd", False, "cuda")["optimizer_state"] == 0
     first = next(model.parameters())
     first.requires_grad_(False)  # a frozen tensor has no gradient and no optimizer state
-    frozen = memory_savers.rounding_allowance(model, "adamw", True, "cuda")
+    frozen = rounding_allowance(model, "adamw", True, "cuda")
     assert frozen["gradients"] == 511 * 22 and frozen["weights"] == adamw["weights"]
-    assert memory_savers.rounding_allowance(model, "adamw", True, "cpu") == {
+    assert rounding_allowance(model, "adamw", True, "cpu") == {
         "weights": 0, "gradients": 0, "optimizer_state": 0}
 
 
@@ -128,10 +129,11 @@ def test_08s_qlora_check_holds_where_nf4_does_not_run_and_catches_a_wrong_share(
     refused = pd.DataFrame({"setup": ["16-bit base", "NF4 base (QLoRA)"], "error": [None, reason],
                             "base_weight_bytes": [1_048_576, np.nan], "bits_per_4bit_weight": [np.nan, np.nan],
                             "num_trainable_params": [99_850, np.nan]})
+    from labkit.labs.lora.qlora import QLoRAComparison as result
     lab = lora
-    exec(check, {"qlora": refused, "lab": lab})
+    exec(check, {"qlora": result(refused), "lab": lab})
     ran = refused.assign(error=None, base_weight_bytes=[1_048_576, 270_336], bits_per_4bit_weight=[np.nan, 4.127],
                          num_trainable_params=99_850)
-    exec(check, {"qlora": ran, "lab": lab})
+    exec(check, {"qlora": result(ran), "lab": lab})
     with pytest.raises(AssertionError):  # 8-bit storage is not NF4
-        exec(check, {"qlora": ran.assign(bits_per_4bit_weight=[np.nan, 8.125]), "lab": lab})
+        exec(check, {"qlora": result(ran.assign(bits_per_4bit_weight=[np.nan, 8.125])), "lab": lab})

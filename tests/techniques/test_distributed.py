@@ -1,6 +1,4 @@
-"""labkit.techniques.distributed: the DDP mechanism in one process (a gloo group of one), commands, checks."""
-
-import socket
+"""labkit.techniques.distributed: the DDP mechanism in one process (a gloo group of one), checks."""
 
 import pytest
 import torch
@@ -97,29 +95,3 @@ def test_sync_batchnorm_only_on_cuda():
     assert same is model and "per rank" in warning
     linear = nn.Linear(2, 2)
     assert distributed.sync_batchnorm(linear, torch.device("cpu")) == (linear, None)
-
-
-def test_torchrun_commands_one_machine_and_several():
-    assert distributed.torchrun_command(["-m", "w"], 2) == [
-        "python", "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=2", "-m", "w"]
-    assert "--master_port=29511" in distributed.torchrun_command(["t.py"], 1, port=29511)
-    multi = distributed.shell(distributed.torchrun_command(["train.py"], 4, nnodes=2, node_rank=1,
-                                                           rdzv_endpoint="10.0.0.1:29500"))
-    assert multi == ("python -m torch.distributed.run --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29500 "
-                     "--node_rank=1 --nproc_per_node=4 train.py")
-    with pytest.raises(ConfigError, match="rdzv_endpoint=None is not allowed: host:port"):
-        distributed.torchrun_command(["t.py"], 2, nnodes=2)
-
-
-def test_nccl_environment_for_t4_pairs_only_when_unset():
-    assert distributed.nccl_environment("Tesla T4", 2, {}) == {"NCCL_P2P_DISABLE": "1"}
-    assert distributed.nccl_environment("Tesla T4", 2, {"NCCL_P2P_DISABLE": "0"}) == {}
-    assert distributed.nccl_environment("Tesla T4", 1, {}) == {}
-    assert distributed.nccl_environment("NVIDIA A100", 8, {}) == {}
-
-
-def test_port_in_use():
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        assert distributed.port_in_use(busy.getsockname()[1])

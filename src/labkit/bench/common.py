@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..env import PROFILE_ENV
+from ..labresult import LabResult
 from ..results import REFERENCE_DIR, write_reference
 
 # What a GPU without a budget is searched against: a T4's usable memory, so that the search meets a real
@@ -29,7 +30,8 @@ PROVENANCE_FIELDS = ("device", "gpu", "capability", "gpu_memory_bytes", "gpu_cou
 
 @dataclasses.dataclass
 class Part:
-    """One reference file: runs (RunResults), or ready-made rows (a DataFrame), and extras.
+    """One reference file: runs (RunResults), or ready-made rows (a DataFrame, or an experiment's result: its frame,
+    with its finding added to the extras), and extras.
 
     ``not_run`` says why a part measured nothing here (e.g. DDP on one GPU); such a part writes no file.
     """
@@ -40,9 +42,16 @@ class Part:
     extras: dict = dataclasses.field(default_factory=dict)
     not_run: str | None = None
 
+    def __post_init__(self):
+        if isinstance(self.rows, LabResult):
+            self.extras.setdefault("finding", str(self.rows.finding()))
+            self.rows = self.rows.frame
+
 
 def records(frame) -> list[dict]:
-    """A DataFrame as JSON-ready records (numpy scalars become Python numbers, NaN becomes null)."""
+    """A DataFrame (or an experiment's result: its frame) as JSON-ready records (numpy scalars become Python
+    numbers, NaN becomes null)."""
+    frame = frame.frame if isinstance(frame, LabResult) else frame
     return json.loads(frame.to_json(orient="records"))
 
 

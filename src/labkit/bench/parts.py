@@ -25,6 +25,8 @@ from ..labs import (
     quantization,
     recipe,
 )
+from ..labs.language.attention import IMPLEMENTATIONS
+from ..labs.language.throughput import lm_config
 from ..labs.start_here import timing_demo
 from ..models import max_positions
 from ..results import run_configs, to_frame
@@ -50,13 +52,13 @@ def _low(cfg: RunConfig) -> str:
 
 def baseline_00(cfg: RunConfig) -> Part:
     """Notebook 00: the baseline fine-tune and the timing pitfalls (a timer without synchronise, no warm-up)."""
-    pitfalls = timing_demo(cfg, repeats=profile().repeats)
+    pitfalls = timing_demo(cfg, repeats=profile().repeats).pitfalls
     return Part("baseline", [fit(cfg)], extras={"timing_pitfalls": dataclasses.asdict(pitfalls)})
 
 
 def compare_01(cfg: RunConfig) -> Part:
     """Notebook 01: the same fine-tune in fp32, fp32 + TF32, fp16 + GradScaler and bf16."""
-    return Part("compare", list(mixed_precision.compare(cfg, progress=False).values()))
+    return Part("compare", list(mixed_precision.compare(cfg, progress=False).runs.values()))
 
 
 def memory_batch_sizes(cfg: RunConfig) -> list[int]:
@@ -84,7 +86,7 @@ def layouts_01(cfg: RunConfig) -> Part:
 def scaler_01(cfg: RunConfig) -> Part:
     """Notebook 01: the GradScaler's scale step by step, and what fp16 zeroes with and without loss scaling."""
     trace = mixed_precision.scaler_trace(cfg, steps=profile().max_steps // 2, init_scale=2.0**20, growth_interval=4)
-    return Part("scaler", rows=trace,
+    return Part("scaler", rows=trace.frame,
                 extras={"underflow": records(mixed_precision.gradient_underflow(cfg, (1.0, 1e-3)))})
 
 
@@ -93,10 +95,9 @@ def lm_01(lm: RunConfig) -> Part:
     native) on the language model of ``lm`` (`labkit.workloads.lm_speed_config`), its steps kept."""
     lows = list(dict.fromkeys(["fp16", _low(lm)]))
     fields = {name: getattr(lm, name) for name in LM_FIELDS}
-    frames = [mixed_precision.lm_compare(low, **fields) for low in lows]
-    frame = pd.concat(frames, ignore_index=True).drop_duplicates("setup", ignore_index=True)  # fp32 in each
-    return Part("lm", rows=frame, extras={"finding": " ".join(str(mixed_precision.lm_finding(frame, low))
-                                                              for low in lows)})
+    arms = [mixed_precision.lm_compare(low, **fields) for low in lows]
+    frame = pd.concat([arm.frame for arm in arms], ignore_index=True).drop_duplicates("setup", ignore_index=True)
+    return Part("lm", rows=frame, extras={"finding": " ".join(str(arm.finding()) for arm in arms)})
 
 
 def sweep_02(cfg: RunConfig) -> Part:
@@ -159,20 +160,21 @@ def semi_structured_04(cfg: RunConfig) -> Part:
 
 def storage_04(cfg: RunConfig) -> Part:
     """Notebook 04: the largest weight dense, as COO and as CSR: bytes and matmul time."""
-    frame = pruning.sparse_storage(cfg, sparsities=STORAGE_SPARSITIES)
-    return Part("storage", rows=frame, extras={"finding": str(pruning.storage_finding(frame))})
+    storage = pruning.sparse_storage(cfg, sparsities=STORAGE_SPARSITIES)
+    return Part("storage", rows=storage.frame, extras={"finding": str(storage.finding())})
 
 
 def levels_05(cfg: RunConfig) -> Part:
     """Notebook 05: one fine-tune per freezing level: step time, memory by category, backward FLOPs."""
-    frame = freezing.level_sweep(cfg, progress=False)
-    return Part("levels", rows=frame, extras={"finding": str(freezing.levels_finding(frame))})
+    levels = freezing.level_sweep(cfg, progress=False)
+    return Part("levels", rows=levels.frame, extras={"finding": str(levels.finding())})
 
 
 def methods_06(cnn: RunConfig, vit: RunConfig) -> Part:
     """Notebook 06: the methods with GPU kernels on both models: size, CPU and GPU latency, accuracy."""
-    frame = quantization.compare({vit.model: vit, cnn.model: cnn}, methods=GPU_QUANT_METHODS, progress=False)
-    return Part("methods", rows=frame, extras={"versions": quantization.library_versions()})
+    table = quantization.method_comparison({vit.model: vit, cnn.model: cnn}, methods=GPU_QUANT_METHODS,
+                                           progress=False)
+    return Part("methods", rows=table.frame, extras={"versions": quantization.library_versions()})
 
 
 def dp_vs_ddp_07(vit: RunConfig) -> Part:
@@ -185,17 +187,17 @@ def dp_vs_ddp_07(vit: RunConfig) -> Part:
 
 def qlora_08(lm: RunConfig) -> Part:
     """Notebook 08: LoRA on an NF4 base (QLoRA) against a 16-bit base: memory and step time."""
-    frame = lora.qlora_comparison(lm, rank=8)
-    return Part("qlora", rows=frame, extras={"versions": lora.library_versions()})
+    result = lora.qlora_comparison(lm, rank=8)
+    return Part("qlora", rows=result.frame, extras={"versions": lora.library_versions(),
+                                                    "finding": str(result.finding())})
 
 
 def profiler_09(cfg: RunConfig) -> Part:
     """Notebook 09: one step under torch.profiler in fp32 and in 16 bits (CUDA activity on a GPU)."""
-    before, after = recipe.profile_pair(cfg)
+    pair = recipe.profile_pair(cfg)
     steps = {step.precision: {"step_time_s": step.step_time_s, "device": step.device, "ops": records(step.ops)}
-             for step in (before, after)}
-    return Part("profiler", rows=recipe.kinds_table(before, after),
-                extras={"steps": steps, "finding": str(recipe.profile_finding(before, after))})
+             for step in (pair.before, pair.after)}
+    return Part("profiler", rows=pair.frame, extras={"steps": steps, "finding": str(pair.finding())})
 
 
 def attention_lengths(model: str) -> tuple[int, int, int]:
@@ -218,8 +220,8 @@ def attention_10(lm: RunConfig) -> Part:
     Llamas only.
     """
     lengths = attention_lengths(lm.model)
-    cfgs = [language.lm_config(n, ATTENTION_ROWS, impl, model=lm.model, max_steps=lm.max_steps, device=lm.device)
-            for n in lengths for impl in language.IMPLEMENTATIONS]
+    cfgs = [lm_config(n, ATTENTION_ROWS, impl, model=lm.model, max_steps=lm.max_steps, device=lm.device)
+            for n in lengths for impl in IMPLEMENTATIONS]
     return Part("attention", run_configs(cfgs, progress=False), extras={"seq_lens": list(lengths),
                                                                          "rows": ATTENTION_ROWS})
 
@@ -227,8 +229,8 @@ def attention_10(lm: RunConfig) -> Part:
 def optimizers_10(lm: RunConfig) -> Part:
     """Notebook 10, section 7: AdamW's step alone with the for-loop, foreach and fused kernels on ``lm``'s model,
     timed interleaved over at most `SUITE_STEPS` rounds."""
-    frame = language.optimizer_kernels(lm.model, repeats=min(2 * profile().repeats, SUITE_STEPS))
-    return Part("optimizers", rows=frame, extras={"finding": str(language.optimizer_finding(frame))})
+    kernels = language.optimizer_kernels(lm.model, repeats=min(2 * profile().repeats, SUITE_STEPS))
+    return Part("optimizers", rows=kernels.frame, extras={"finding": str(kernels.finding())})
 
 
 def ladder_10(lm: RunConfig) -> Part:

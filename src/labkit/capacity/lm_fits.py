@@ -6,9 +6,14 @@ Notebooks 08 (LoRA) and 10 (language models) print it; `lm_training_memory` stat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from .. import machine
+from ..display import number
+from ..labresult import LabResult
+from ..messages import worded
 from ..models.hub import HUB_MODELS, DecoderShape
 from .lm_memory import decoder_shape, lm_training_memory
 
@@ -56,3 +61,33 @@ def fits_table(gpu_bytes: int | None = None, **settings) -> pd.DataFrame:
                          "fits_your_gpu": "no GPU" if gpu_bytes is None else ("yes" if total <= gpu_bytes else "no"),
                          **{f"{k}_bytes": v for k, v in parts.items()}})
     return pd.DataFrame(rows)
+
+
+@dataclass
+class Fits(LabResult):
+    """`fits_table`'s rows; the finding names the largest model each method fits where ``column`` (``fits_t4`` or
+    ``fits_your_gpu``) says yes, on ``where``, and what the largest model needs with each method."""
+
+    shown = ("model", "num_params", "method", "total_bytes", "fits_t4", "fits_your_gpu")
+    column: str = "fits_t4"
+    where: str = "a T4 (15 GiB usable)"
+
+    @worded
+    def finding(self) -> str:
+        table, parts = self.frame, []
+        for method in METHOD_NAMES.values():
+            rows = table[(table["method"] == method) & (table[self.column] == "yes")]
+            parts.append(f"{method} up to {rows.loc[rows['num_params'].idxmax(), 'model']}" if len(rows) else
+                         f"{method}: none of these models")
+        largest = table[table["num_params"] == table["num_params"].max()].set_index("method")
+        gib = {key: number(largest.loc[name, "total_bytes"] / 2**30) for key, name in METHOD_NAMES.items()}
+        return (f"On {self.where}: {'; '.join(parts)}. {largest.iloc[0]['model']} needs {gib['full']} GiB fully "
+                f"fine-tuned, {gib['lora']} GiB with LoRA and {gib['qlora']} GiB with QLoRA.")
+
+
+def gpu_fits(gpu_bytes: int | None = None, gpu_name: str | None = None, **settings) -> Fits:
+    """`Fits` on your GPU (``gpu_bytes``, ``gpu_name``; default: this machine's), or on a T4 where there is none."""
+    table = fits_table(gpu_bytes, **settings)
+    if (table["fits_your_gpu"] == "no GPU").all():
+        return Fits(table, column="fits_t4", where="a T4 (no GPU here)")
+    return Fits(table, column="fits_your_gpu", where=gpu_name or "your GPU")

@@ -57,7 +57,10 @@ class Measured:
     @classmethod
     def accuracy(cls, value: float, test_size: int) -> Measured:
         """An accuracy on ``test_size`` examples: two of them differ beyond chance when their bands of half
-        `labkit.measure.accuracy_noise` lie apart."""
+        `labkit.measure.accuracy_noise` lie apart. A missing accuracy (None, NaN: not evaluated) has no band."""
+        value = _number(value)
+        if math.isnan(value):
+            return cls(value)
         half = accuracy_noise(value, test_size) / 2
         return cls(float(value), float(value) - half, float(value) + half)
 

@@ -19,6 +19,11 @@ _LIVE = "live"
 _REFERENCE = "reference"
 
 
+def as_frame(data):
+    """``data`` as a DataFrame: an experiment's result (`labkit.labresult.LabResult`) gives its frame."""
+    return data.frame if isinstance(data, LabResult) else data
+
+
 def _check_frame(df, name: str, columns: dict[str, str | None]) -> None:
     if not isinstance(df, pd.DataFrame):
         raise ConfigError(name, type(df).__name__, "a pandas DataFrame with one row per run (e.g. from labkit.sweep)")
@@ -48,7 +53,7 @@ def _sort_key(values: list) -> list:
 def _series(df, reference, x, y, hue, numeric_x: bool):
     """Split the rows into drawable series: list of dicts (label, hue, reference, x, y), x values, notes."""
     columns = {"x": x, "y": y, "hue": hue}
-    df = df.frame if isinstance(df, LabResult) else df  # an experiment's result draws its frame
+    df = as_frame(df)
     _check_frame(df, "df", columns)
     frames = [(df, False)]
     if reference is not None and len(reference):  # an empty reference (none shipped yet) draws nothing

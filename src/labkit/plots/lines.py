@@ -16,7 +16,7 @@ import pandas as pd
 from ..display import scaled
 from ..errors import ConfigError
 from .figures import _axes, _colors, _finish, _spaced, grid
-from .frames import _check_frame, _fmt_value, _get, _moving_average, _series, label_runs
+from .frames import _check_frame, _fmt_value, _get, _moving_average, _series, as_frame, label_runs
 
 
 def lines(df: pd.DataFrame, x: str, ys, hue: str | None = None, reference: pd.DataFrame | None = None,
@@ -138,6 +138,7 @@ def loss_scale(trace: pd.DataFrame, ax=None):
     Example:
         >>> plots.loss_scale(labkit.labs.mixed_precision.scaler_trace(cfg, init_scale=2.0**20, growth_interval=4))
     """
+    trace = as_frame(trace)
     for column in ("step", "scale", "skipped"):
         _check_frame(trace, "trace", {"column": column})
     ax = _axes(ax)

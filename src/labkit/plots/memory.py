@@ -14,10 +14,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from ..display import scaled
-from ..labresult import LabResult
 from ..result import MEMORY_CATEGORIES
 from .figures import _axes, _colors, _finish, category_ticks
-from .frames import _frame_rows, _get, label_runs
+from .frames import _frame_rows, _get, as_frame, label_runs
 
 
 def memory_breakdown(results, ax=None, label: str | None = None):
@@ -35,7 +34,7 @@ def memory_breakdown(results, ax=None, label: str | None = None):
         >>> ax = plots.memory_breakdown({"fp32": res_fp32, "bf16": res_bf16})
         >>> ax = plots.memory_breakdown(df, label="setup")
     """
-    results = results.frame if isinstance(results, LabResult) else results  # an experiment's result: its frame
+    results = as_frame(results)
     labelled = label_runs(_frame_rows(results, label) if isinstance(results, pd.DataFrame) else results)
     ax = _axes(ax)
     kept, skipped = {}, []

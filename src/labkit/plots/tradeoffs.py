@@ -6,7 +6,7 @@ import pandas as pd
 
 from ..display import axis_label, scaled
 from .figures import _axes, _finish, _renderer, grid
-from .frames import _check_frame, _failed
+from .frames import _check_frame, _failed, as_frame
 
 
 def batch_search(search, ax=None):
@@ -73,6 +73,7 @@ def checkpoint_tradeoff(frame: pd.DataFrame):
     Example:
         >>> plots.checkpoint_tradeoff(labkit.labs.memory_savers.checkpoint_tradeoff(cfg))
     """
+    frame = as_frame(frame)
     for column in ("segments", "peak_memory_bytes", "mem_activations_bytes", "predicted_activation_bytes",
                    "peak_ratio", "activation_ratio", "time_ratio", "sqrt_rule_segments"):
         _check_frame(frame, "frame", {"column": column})

@@ -13,8 +13,7 @@ What each process of a `torchrun` job does, in order:
    `all_reduce_sum` / `all_reduce_mean`.
 
 `labkit.train.Trainer` applies all of this when it runs inside a process group, so `labkit.fit` runs
-unchanged under torchrun; the worker torchrun starts is `labkit.worker`; notebook 07's experiments are
-in `labkit.labs.distributed`.
+unchanged under torchrun; `labkit.launcher` starts torchrun on `labkit.worker`.
 """
 
 from __future__ import annotations
@@ -22,8 +21,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-import shlex
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -261,59 +258,3 @@ def cleanup() -> None:
     """Leave the process group (at the end of the worker, on every rank)."""
     if active():
         dist.destroy_process_group()
-
-
-def nccl_environment(gpu_name: str | None, nproc: int, environ=None) -> dict:
-    """NCCL settings a multi-GPU job on this GPU needs and that are not set already.
-
-    Kaggle's 2 x T4 machines have no working peer-to-peer path between their GPUs: with P2P on, NCCL
-    jobs hang or crash, so ``NCCL_P2P_DISABLE=1`` routes the traffic through host memory.
-    """
-    environ = os.environ if environ is None else environ
-    wanted = {}
-    if nproc > 1 and gpu_name and "T4" in gpu_name and "NCCL_P2P_DISABLE" not in environ:
-        wanted["NCCL_P2P_DISABLE"] = "1"
-    return wanted
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether something already listens on ``host:port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def torchrun_command(script: list[str], nproc: int, nnodes: int = 1, node_rank: int | None = None,
-                     rdzv_endpoint: str | None = None, port: int | None = None, python: str = "python") -> list[str]:
-    """The torchrun command line that starts ``script`` (a module as ``["-m", name, ...]`` or a file).
-
-    One machine: ``--standalone`` (a local rendezvous on a free port, or on ``port``). Several machines:
-    the same command on each, with ``nnodes``, the shared ``rdzv_endpoint`` (``host:port`` of one of
-    them) and, for a static rendezvous, each machine's ``node_rank``.
-
-    Example:
-        >>> " ".join(torchrun_command(["train.py"], nproc=4, nnodes=2, rdzv_endpoint="10.0.0.1:29500"))
-        'python -m torch.distributed.run --nnodes=2 --nproc_per_node=4 --rdzv_backend=c10d ...'
-    """
-    command = [python, "-m", "torch.distributed.run"]
-    if nnodes == 1 and rdzv_endpoint is None:
-        command += ["--standalone"] if port is None else ["--master_addr=127.0.0.1", f"--master_port={port}"]
-        command += ["--nnodes=1"]
-    else:
-        if not rdzv_endpoint:
-            raise ConfigError("rdzv_endpoint", rdzv_endpoint, "host:port of one machine, reachable from all of "
-                              "them, when nnodes > 1")
-        command += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}"]
-        if node_rank is not None:
-            command += [f"--node_rank={node_rank}"]
-    command += [f"--nproc_per_node={nproc}"]
-    return command + list(script)
-
-
-def shell(command: list[str]) -> str:
-    """A command list as one line to paste into a terminal."""
-    return " ".join(shlex.quote(part) for part in command)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.nn.functional as F
 
-from ... import data, models
-from ...env import resolve_device
 from ...equivalence import compare_step
 from ...exercises import CodeExercise, Exercise, Exercises, WrongAnswer, exercise_config
-from ...train import run_splits
+from ...runsetup import set_up
 from .accumulation import without_batchnorm
 
 EXERCISES = Exercises()
@@ -64,11 +61,7 @@ EXERCISES.add(Exercise(
 
 
 def accumulate_solution(model, micro_batches):
-    """Leave in ``.grad`` the gradient of the mean loss over all samples of ``micro_batches``.
-
-    Args:
-        model: the model. micro_batches: (images, labels) pairs, possibly of different sizes.
-    """
+    """Leave in ``.grad`` the gradient of the mean loss over all samples of ``micro_batches`` ((images, labels))."""
     total = sum(len(labels) for _, labels in micro_batches)
     for images, labels in micro_batches:
         # each micro-batch's mean loss, weighted by its share of the samples (k equal ones: 1/k each)
@@ -76,19 +69,10 @@ def accumulate_solution(model, micro_batches):
         loss.backward()
 
 
-def _batchnorm_free(seed: int = 0):
-    cfg = exercise_config()
-    device = resolve_device(cfg.device)
-    split = run_splits(cfg)["train"]
-    torch.manual_seed(seed)
-    model = without_batchnorm(models.build(cfg.model, split.num_classes, pretrained=False)[0])
-    return model.to(device), split, device
-
-
 def _check_accumulate(accumulate) -> str:
-    model, split, device = _batchnorm_free()
-    x = data.to_model_input(split.images[:32], split, device)
-    y = split.labels[:32].to(device)
+    s = set_up(exercise_config())
+    model, batch = without_batchnorm(s.model), s.batch(32)
+    x, y = batch.images, batch.labels
     params = [p for p in model.parameters() if p.requires_grad]
     F.cross_entropy(model(x), y).backward()
     whole = [p.grad.clone() for p in params]

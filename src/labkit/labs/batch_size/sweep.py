@@ -1,5 +1,4 @@
-"""Section 2 of notebook 02: one run per batch size (`batch_sweep`), the popular claims tested against it
-(`folk_claims`), and where epoch time stops falling (`epoch_time_floor`)."""
+"""Section 2 of notebook 02: one run per batch size, and popular claims tested against it."""
 
 from __future__ import annotations
 
@@ -9,78 +8,90 @@ from collections.abc import Iterable
 import pandas as pd
 import torch
 
-from ... import data, measure, models, results
+from ... import data, measure, results
 from ...capacity import fit_linear_memory
 from ...config import RunConfig
 from ...display import number, quantity
-from ...env import env_report, profile, resolve_device, set_tf32
+from ...env import env_report, profile
 from ...errors import ConfigError
-from ...measure import accuracy_noise
+from ...labresult import LabResult
+from ...measure import Measured, compare
+from ...messages import worded
+from ...runsetup import set_up
 from ...techniques.optimizers import scale_lr
 from ...techniques.precision import autocast, resolve_precision
-from ...train import run_splits
 from ...validate import check_positive_int
-from ._shared import apart, sizes, test_set_size, verdict
+from ._shared import sizes, succeeded, test_set_size, verdict
 
 INFERENCE_COLUMNS = ("inference_batch_latency_s", "inference_time_s", "inference_time_p10_s", "inference_time_p90_s",
                      "inference_per_sample_s")
+# The claims `BatchSweep.claims` tests, as the notebook quotes them.
+FOLK_CLAIMS = ("memory grows linearly with the batch size", "a bigger batch trains an epoch faster",
+               "inference time does not depend on the batch size", "small batches generalise better")
 
 
 def seconds(value) -> str:
-    """A duration in s, or in ms below 0.1 s, to three significant digits."""
     return quantity("epoch_time_s", value)
 
 
 class _InferenceTimer:
-    """Times predicting the test split at a batch size; one model (random weights: latency does not
-    depend on their values), built on first use."""
+    """Times predicting the test split at a batch size (random weights: latency does not depend on them)."""
 
     def __init__(self, cfg: RunConfig):
-        self.cfg = cfg
-        self._ready = None
-
-    def _setup(self):
-        cfg, prof = self.cfg, profile()
-        device = resolve_device(cfg.device)
-        set_tf32(cfg.tf32)
-        test = run_splits(cfg, prof, training=False)["test"]
-        model = models.build(cfg.model, test.num_classes, pretrained=False)[0]
-        memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
-        model = model.to(device, memory_format=memory_format)
-        precision = resolve_precision(cfg.precision, device)
-        return device, test, model, precision
+        self.cfg, self.setup = cfg, None
 
     def measure(self, batch_size: int) -> dict:
-        if self._ready is None:
-            self._ready = self._setup()
-        device, test, model, precision = self._ready
-        prof = profile()
+        cfg, prof = self.cfg, profile()
+        if self.setup is None:
+            self.setup = set_up(cfg.replace(pretrained=False), training=False)
+            if cfg.channels_last:
+                self.setup.model.to(memory_format=torch.channels_last)
+        s = self.setup
+        test = s.splits["test"]
         batch = min(batch_size, len(test))
-        x = data.to_model_input(test.images[:batch], test, device, self.cfg.channels_last, self.cfg.image_size)
-        with autocast(precision, device):
-            latency = measure.measure_latency(model, x, warmup=max(1, prof.warmup_steps), repeats=prof.repeats)
+        x = data.to_model_input(test.images[:batch], test, s.device, cfg.channels_last, cfg.image_size)
+        with autocast(resolve_precision(cfg.precision, s.device), s.device):
+            latency = measure.measure_latency(s.model, x, warmup=max(1, prof.warmup_steps), repeats=prof.repeats)
         batches = math.ceil(len(test) / batch)
         return {"inference_batch_latency_s": latency.median_s, "inference_time_s": latency.median_s * batches,
                 "inference_time_p10_s": latency.p10_s * batches, "inference_time_p90_s": latency.p90_s * batches,
                 "inference_per_sample_s": latency.median_s / batch}
 
 
+class BatchSweep(LabResult):
+    shown = ("batch_size", "steps_per_epoch", "epoch_time_s", "throughput", "inference_time_s", "peak_memory_bytes",
+             "accuracy")
+
+    def floor(self, within: float = 0.1) -> int:
+        """The smallest batch whose epoch is within ``within`` (10 %) of the fastest."""
+        ok = succeeded(self.frame)
+        return int(ok[ok["epoch_time_s"] <= (1 + within) * ok["epoch_time_s"].min()]["batch_size"].min())
+
+    @worded
+    def finding(self) -> str:
+        ok = succeeded(self.frame).dropna(subset=["epoch_time_s"])
+        if ok.empty:
+            return "No run finished: no epoch time to compare."
+        fastest = ok.loc[ok["epoch_time_s"].idxmin()]
+        return (f"Epoch time comes within 10 % of the fastest ({seconds(fastest['epoch_time_s'])} at batch "
+                f"{int(fastest['batch_size'])}) from batch {self.floor()} on.")
+
+    def claims(self) -> LabResult:
+        """`FOLK_CLAIMS` against the sweep."""
+        ok = succeeded(self.frame).sort_values("batch_size")
+        if ok["batch_size"].nunique() < 3:
+            raise ConfigError("df", f"{ok['batch_size'].nunique()} successful batch sizes",
+                              "a batch_sweep frame with at least 3 successful batch sizes")
+        checks = (_memory_claim, _epoch_claim, _inference_claim, _accuracy_claim)
+        return LabResult(pd.DataFrame([dict(zip(("claim", "measured", "verdict"), (claim, *check(ok)), strict=True))
+                                       for claim, check in zip(FOLK_CLAIMS, checks, strict=True)]))
+
+
 def batch_sweep(cfg: RunConfig, batch_sizes: Iterable[int] | None = None, lr_scaling: bool | str = False,
                 base_batch_size: int | None = None, epochs: int | None = None, refresh: bool = False,
-                progress: bool = True):
-    """Train ``cfg`` once per batch size for the same number of epochs: time, memory, accuracy (columns: see above).
-
-    Args:
-        cfg: the base run (``max_steps`` is dropped: runs are epoch-based).
-        batch_sizes: the sizes (default: the profile's ``batch_sizes``).
-        lr_scaling: False (same lr for all), True or ``"linear"``, or ``"sqrt"`` (see `scale_lr`).
-        base_batch_size: the batch size ``cfg.lr`` was tuned for (default ``cfg.batch_size``).
-        epochs: epochs per run (default: the profile's ``sweep_epochs``).
-        refresh: rerun even when cached results exist; progress: show progress bars.
-
-    Example:
-        >>> df = batch_sweep(cfg, lr_scaling="sqrt")   # cached; a failed run is a row with its ``error``
-    """
+                progress: bool = True) -> BatchSweep:
+    """One cached run of ``cfg`` per batch size for the same epochs, and its inference time on the test split;
+    ``lr_scaling`` as in `scale_lr` from ``base_batch_size`` (default ``cfg.batch_size``)."""
     prof = profile()
     batch_sizes = list(prof.batch_sizes if batch_sizes is None else batch_sizes)
     if not batch_sizes:
@@ -102,23 +113,17 @@ def batch_sweep(cfg: RunConfig, batch_sizes: Iterable[int] | None = None, lr_sca
     rows = []
     for run_cfg, result in zip(configs, runs, strict=True):
         row = results.to_row(result)
-        steps_per_epoch = train_size // run_cfg.batch_size
-        row.update(lr_scaling=rule or "none", base_batch_size=base if rule else None,
-                   steps_per_epoch=steps_per_epoch, epoch_time_s=result.step_time_s * steps_per_epoch,
-                   epoch_time_p10_s=result.step_time_p10_s * steps_per_epoch,
-                   epoch_time_p90_s=result.step_time_p90_s * steps_per_epoch)
+        steps = train_size // run_cfg.batch_size
+        row.update(lr_scaling=rule or "none", base_batch_size=base if rule else None, steps_per_epoch=steps,
+                   epoch_time_s=result.step_time_s * steps, epoch_time_p10_s=result.step_time_p10_s * steps,
+                   epoch_time_p90_s=result.step_time_p90_s * steps)
         inference = dict.fromkeys(INFERENCE_COLUMNS, math.nan)
         if result.ok:
             key = f"{results.cache_key(run_cfg, env_report(run_cfg.device))}-inference"
             inference = results.cached_record(key, lambda size=run_cfg.batch_size: timer.measure(size), refresh)
         row.update({name: inference.get(name, math.nan) for name in INFERENCE_COLUMNS})  # older records: no spread
         rows.append(row)
-    return pd.DataFrame(rows)
-
-
-# The claims `folk_claims` tests, as the notebook quotes them.
-FOLK_CLAIMS = ("memory grows linearly with the batch size", "a bigger batch trains an epoch faster",
-               "inference time does not depend on the batch size", "small batches generalise better")
+    return BatchSweep(pd.DataFrame(rows))
 
 
 def _memory_claim(ok) -> tuple[str, str]:
@@ -128,79 +133,40 @@ def _memory_claim(ok) -> tuple[str, str]:
             f"R^2 {r2}"), verdict(line.r2 >= 0.98)
 
 
+def _epochs(row) -> Measured:
+    return Measured.row(row, "epoch_time_s")
+
+
 def _epoch_claim(ok) -> tuple[str, str]:
     first, last = ok.iloc[0], ok.iloc[-1]
     fastest = ok.loc[ok["epoch_time_s"].idxmin()]
+    c = compare(_epochs(last), _epochs(first), words=("faster", "slower"))
     measured = (f"{seconds(first['epoch_time_s'])} per epoch at batch {int(first['batch_size'])}, "
-                f"{seconds(last['epoch_time_s'])} at {int(last['batch_size'])} "
-                f"({number(last['epoch_time_s'] / first['epoch_time_s'])}x)")
-    fell, rose = apart(first, last, "epoch_time"), apart(last, first, "epoch_time")
-    if fell is None or rose is None:
-        return measured + "; no timing spread measured", "inconclusive"
+                f"{seconds(last['epoch_time_s'])} at {int(last['batch_size'])}: {c}")
     middle = fastest["batch_size"] not in (first["batch_size"], last["batch_size"])
-    if middle and apart(first, fastest, "epoch_time") and apart(last, fastest, "epoch_time"):
+    if c.real is not None and middle and all(compare(_epochs(fastest), _epochs(end)).direction == -1
+                                              for end in (first, last)):
         return (measured + f"; fastest {seconds(fastest['epoch_time_s'])} at batch {int(fastest['batch_size'])}",
                 f"partly: falls up to batch {int(fastest['batch_size'])}, then rises")
-    if not fell and not rose:
-        return measured + "; within the p10-p90 spread of the step times", "inconclusive"
-    return measured, verdict(bool(fell))
+    return measured, verdict(None if not c.real else c.direction == -1)
 
 
 def _inference_claim(ok) -> tuple[str, str]:
     slow, fast = ok.loc[ok["inference_time_s"].idxmax()], ok.loc[ok["inference_time_s"].idxmin()]
+    c = compare(Measured.row(slow, "inference_time_s"), Measured.row(fast, "inference_time_s"),
+                words=("faster", "slower"))
     measured = (f"test split in {seconds(fast['inference_time_s'])} at batch {int(fast['batch_size'])}, "
-                f"{seconds(slow['inference_time_s'])} at {int(slow['batch_size'])} "
-                f"({number(slow['inference_time_s'] / fast['inference_time_s'])}x)")
-    differs = apart(slow, fast, "inference_time")
-    if differs is None:
-        return measured + "; no timing spread measured", "inconclusive"
-    return measured + ("" if differs else "; within the p10-p90 spread"), verdict(not differs)
+                f"{seconds(slow['inference_time_s'])} at {int(slow['batch_size'])}: {c}")
+    return measured, verdict(None if c.real is None else not c.real)
 
 
 def _accuracy_claim(ok) -> tuple[str, str]:
-    # The smaller half of the batch sizes must beat the larger half by more than one run's test-set noise (or
-    # lose by more): one lucky or unlucky size at either end decides nothing.
+    # The smaller half of the batch sizes against the larger half: one lucky size at either end decides nothing.
     half = len(ok) // 2
     small, large = ok.iloc[:half], ok.iloc[len(ok) - half:]
-    gap = small["accuracy"].mean() - large["accuracy"].mean()
-    noise = accuracy_noise(max(small["accuracy"].mean(), large["accuracy"].mean()), test_set_size(ok))
+    n = test_set_size(ok)
+    c = compare(*(Measured.accuracy(part["accuracy"].mean(), n) for part in (small, large)),
+                words=("worse for small batches", "better for small batches"))
     measured = (f"mean accuracy {small['accuracy'].mean():.1%} at batches {sizes(small)}, "
-                f"{large['accuracy'].mean():.1%} at {sizes(large)}; test-set noise {noise * 100:.1f} points")
-    return measured, verdict(True if gap > noise else (False if -gap > noise else None))
-
-
-def folk_claims(df) -> pd.DataFrame:
-    """Test four popular claims about the batch size (`FOLK_CLAIMS`) against a `batch_sweep` frame.
-
-    A timing claim holds or fails only outside the runs' p10-p90 spreads; the accuracy claim only outside the
-    test-set noise; memory is linear when a least-squares line has R^2 >= 0.98.
-
-    Args:
-        df: a `batch_sweep` frame with at least 3 successful batch sizes.
-
-    Returns:
-        A DataFrame: ``claim``, ``measured`` (the live numbers), ``verdict`` (reproduced, refuted, inconclusive).
-
-    Example:
-        >>> display.table(folk_claims(batch_sweep(cfg)))
-    """
-    ok = df[df["error"].isna()].sort_values("batch_size") if "error" in df else df.sort_values("batch_size")
-    if ok["batch_size"].nunique() < 3:
-        raise ConfigError("df", f"{ok['batch_size'].nunique()} successful batch sizes",
-                          "a batch_sweep frame with at least 3 successful batch sizes")
-    checks = (_memory_claim, _epoch_claim, _inference_claim, _accuracy_claim)
-    rows = [dict(zip(("claim", "measured", "verdict"), (claim, *check(ok)), strict=True))
-            for claim, check in zip(FOLK_CLAIMS, checks, strict=True)]
-    return pd.DataFrame(rows)
-
-
-def epoch_time_floor(df, within: float = 0.1) -> int:
-    """The smallest batch whose epoch time is within ``within`` (10 %) of the sweep's fastest epoch.
-
-    Args:
-        df: a `batch_sweep` frame.
-        within: how close to the fastest counts as "stopped falling" (the question notebook 02 asks).
-    """
-    ok = df[df["error"].isna()] if "error" in df else df
-    fastest = ok["epoch_time_s"].min()
-    return int(ok[ok["epoch_time_s"] <= (1 + within) * fastest]["batch_size"].min())
+                f"{large['accuracy'].mean():.1%} at {sizes(large)}; on {n} test images: {c.verdict}")
+    return measured, verdict(None if not c.real else c.direction == 1)

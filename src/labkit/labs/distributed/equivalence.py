@@ -7,23 +7,23 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ...config import RunConfig
+from ...labresult import LabResult
+from ...launcher import launch
 from ...messages import worded
 from ...result import RunResult
-from .jobs import launch
+from .jobs import jobs_frame
 
-EARLY_STEPS = 10
+EARLY_STEPS = 10  # before GPU non-determinism has grown
 
 
 @dataclass
-class Equivalence:
-    """One process against N on the same global batch (`equivalence`)."""
-
-    one: RunResult
-    many: RunResult
+class Equivalence(LabResult):
+    shown = ("world_size", "samples_per_rank", "step_time_s", "final_loss", "accuracy", "identical_weights")
+    one: RunResult | None = None
+    many: RunResult | None = None
 
     @property
-    def frame(self) -> pd.DataFrame:
-        """``step``, ``loss_1``, ``loss_N`` and their ``loss_difference``."""
+    def curves(self) -> pd.DataFrame:
         n = self.many.distributed["world_size"]
         frame = pd.DataFrame({"step": range(1, len(self.one.losses) + 1), "loss_1": self.one.losses,
                               f"loss_{n}": self.many.losses})
@@ -32,13 +32,11 @@ class Equivalence:
 
     @property
     def max_difference(self) -> float:
-        """The largest loss difference over the run."""
-        return float(self.frame["loss_difference"].max())
+        return float(self.curves["loss_difference"].max())
 
     @property
     def early_difference(self) -> float:
-        """The largest loss difference over the first `EARLY_STEPS` steps, before GPU non-determinism has grown."""
-        return float(self.frame["loss_difference"].iloc[:EARLY_STEPS].max())
+        return float(self.curves["loss_difference"].iloc[:EARLY_STEPS].max())
 
     def _same(self, part: str) -> bool:
         ranks = self.many.distributed["ranks"]
@@ -47,18 +45,14 @@ class Equivalence:
 
     @property
     def identical_weights(self) -> bool:
-        """Whether every rank of the N-process job ended with the same parameters (what DDP keeps equal)."""
         return self._same("parameters")
 
     @property
     def identical_buffers(self) -> bool:
-        """Whether the ranks' buffers (BatchNorm's running statistics) are equal too: without SyncBatchNorm (gloo,
-        FSDP) each rank keeps the statistics of its own samples."""
         return self._same("buffers")
 
     @worded
     def finding(self) -> str:
-        """One line: how far apart the loss curves, the ranks' weights and the accuracies ended."""
         n, batch = self.many.distributed["world_size"], self.one.config["batch_size"]
         digests = ", ".join(d[:8] for d in self.many.distributed["weights_sha256"])
         weights = "identical parameters on every rank" if self.identical_weights else f"parameters DIFFER ({digests})"
@@ -70,9 +64,6 @@ class Equivalence:
 
 
 def equivalence(cfg: RunConfig, nproc: int = 2, progress: bool = True) -> Equivalence:
-    """`launch` ``cfg`` on one process and on ``nproc``: the same global batches, so the same training.
-
-    Args:
-        cfg: the run. nproc: the processes of the second job. progress: show the bars.
-    """
-    return Equivalence(launch(cfg, nproc=1, progress=progress), launch(cfg, nproc=nproc, progress=progress))
+    """``cfg`` on one process and on ``nproc``: the same global batches."""
+    one, many = launch(cfg, nproc=1, progress=progress), launch(cfg, nproc=nproc, progress=progress)
+    return Equivalence(jobs_frame([one, many]), one=one, many=many)

@@ -1,4 +1,4 @@
-"""Notebook 07's exercises on distributed data parallel, with their checkers and worked solutions (`Exercises`)."""
+"""Notebook 07's exercises, with their checkers and worked solutions."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ EXERCISES = Exercises()
 
 
 def _speedup_not_efficiency(value: float, expected: float) -> str | None:
-    """07.own_efficiency: the speed-up T1 / TN is N times the efficiency."""
     for n in (2, 4, 8):
         if math.isclose(value, expected * n, rel_tol=0.02):
             return f"that is the speed-up T1 / TN; the efficiency divides it by N ({n} here)"
@@ -35,7 +34,6 @@ EXERCISES.add(Exercise(
 
 
 def _ring_hint(value: float, expected: float) -> str | None:
-    """07.ring_bytes: recognise one phase of the ring only, or the whole gradient twice."""
     if math.isclose(value, expected / 2, rel_tol=0.02):
         return "that is one phase; a ring all-reduce is a reduce-scatter and then an all-gather, each (N-1)/N"
     if math.isclose(value, expected * 8 / 7, rel_tol=0.02):
@@ -57,7 +55,7 @@ EXERCISES.add(Exercise(
 
 
 def shard_solution(num_samples: int, world_size: int, rank: int, seed: int, epoch: int) -> list[int]:
-    """The sample indices ``rank`` trains on in ``epoch``, as DistributedSampler(shuffle, drop_last) gives them."""
+    """What DistributedSampler(shuffle=True, drop_last=True) gives ``rank`` in ``epoch``."""
     order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
     used = num_samples // world_size * world_size  # drop_last: every rank gets as many
     return order[rank:used:world_size]
@@ -67,12 +65,10 @@ _SHARD_CASES = ((10, 2, 0, 0, 0), (10, 2, 1, 0, 0), (10, 2, 1, 0, 1), (13, 4, 3,
 
 
 def _check_shard(shard) -> str:
-    from_torch = {}
     for n, world, rank, seed, epoch in _SHARD_CASES:
         sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
         sampler.set_epoch(epoch)
-        from_torch[(n, world, rank, seed, epoch)] = list(sampler)
-    for (n, world, rank, seed, epoch), expected in from_torch.items():
+        expected = list(sampler)
         got = [int(i) for i in shard(n, world, rank, seed, epoch)]
         if got == expected:
             continue
@@ -93,7 +89,7 @@ def _check_shard(shard) -> str:
         raise WrongAnswer(f"07.shard: for n={n}, world_size={world}, rank={rank}, seed={seed}, epoch={epoch} you gave "
                           f"{got[:6]}..., DistributedSampler gives {expected[:6]}...")
     return ("Your shards equal DistributedSampler's on five cases: interleaved positions of one permutation per "
-            "epoch, seeded with seed + epoch, the tail dropped so that every rank gets as many.")
+            "epoch (seed + epoch), the tail dropped so that every rank gets as many.")
 
 
 EXERCISES.add(CodeExercise(

@@ -1,11 +1,8 @@
 """Section 3.1 of notebook 05: what the backward pass of a frozen step must compute, counted layer by layer.
 
-Every convolution and linear layer (the layers whose FLOPs are counted) is run once in a training forward pass
-and classified: a layer with a trainable weight computes the weight's gradient (about its forward FLOPs
-again); a layer whose **input** requires a gradient also computes the input's gradient (about its forward
-FLOPs once more). A frozen prefix has neither: nothing before it requires a gradient, so autograd records
-nothing there, and the first trainable layer's input (the frozen output) needs no gradient either. Saved-tensor
-hooks count the activation bytes autograd keeps for the backward pass.
+A conv or linear layer with a trainable weight computes its weight's gradient (about its forward FLOPs again); one
+whose input requires a gradient also computes the input's. A frozen prefix has neither, and keeps no activations
+(counted by saved-tensor hooks).
 """
 
 from __future__ import annotations
@@ -13,25 +10,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ... import data, models, train
+from ... import models
 from ...config import RunConfig
-from ...env import resolve_device
-from ...techniques.freezing import freeze
+from ...runsetup import set_up
 from ...techniques.precision import autocast, resolve_precision
+from .common import _label
 
 
 def _model_and_batch(cfg: RunConfig, level):
-    """``cfg``'s model (random weights: FLOPs and saved bytes do not depend on them) frozen at ``level``, in
-    training mode on its device, and one training batch as model input with its labels."""
-    split = train.run_splits(cfg)["train"]
-    device = resolve_device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    model, _ = models.build(cfg.model, split.num_classes, pretrained=False)
-    if level not in (None, "none"):
-        freeze(model, level)
-    model = model.to(device).train()
-    x = data.to_model_input(split.images[:cfg.batch_size], split, device, cfg.channels_last, cfg.image_size)
-    return model, x, split.labels[:cfg.batch_size].to(device)
+    """``cfg``'s model frozen at ``level`` as the run freezes it (random weights: FLOPs and saved bytes do not depend
+    on them), in training mode on its device, and the run's first batch: ``(model, images, labels)``."""
+    s = set_up(cfg.replace(freeze=_label(level), pretrained=False), techniques=True)
+    batch = s.batch()
+    return s.model.train(), batch.images, batch.labels
 
 
 def _layer_forward_flops(module: nn.Module, output: torch.Tensor) -> int:
@@ -43,19 +34,11 @@ def _layer_forward_flops(module: nn.Module, output: torch.Tensor) -> int:
 
 
 def backward_profile(cfg: RunConfig, level) -> dict:
-    """What the backward pass of one step at ``level`` must compute, layer by layer, and what it keeps.
-
-    Args:
-        cfg: the run (its model, batch and precision).
-        level: a freezing level, or None / ``"none"``.
-
-    Returns:
-        ``forward_flops``; ``trainable_forward_flops`` (layers with a trainable weight); ``no_input_grad_flops``
-        (of those, the ones whose input needs no gradient); ``predicted_backward_flops`` (each layer's forward
-        FLOPs times the gradients it computes); ``counter_overcount_flops`` (torch's FLOP counter counts a grouped
-        convolution's weight gradient at ``groups`` x its forward FLOPs); ``saved_activation_bytes`` and
-        ``saved_by_stage`` (stage -> bytes).
-    """
+    """What the backward pass of one step at ``level`` must compute, layer by layer, and the activations it keeps:
+    ``forward_flops``, ``trainable_forward_flops`` (layers with a trainable weight), ``no_input_grad_flops`` (those
+    whose input needs no gradient), ``predicted_backward_flops``, ``counter_overcount_flops`` (torch's counter
+    counts a grouped conv's weight gradient at ``groups`` x its forward), ``saved_activation_bytes``,
+    ``saved_by_stage``."""
     model, x, _ = _model_and_batch(cfg, level)
     stage_of = {id(m): name for name, stage in models.named_stages(model) for m in stage.modules()}
     layers = []

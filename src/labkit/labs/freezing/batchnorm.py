@@ -8,73 +8,62 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ... import data, models, results, train
+from ... import models, results, train
 from ...config import RunConfig
 from ...env import env_report, profile
 from ...errors import ConfigError
-from ...measure import accuracy_noise
+from ...labresult import LabResult
+from ...measure import Measured, compare
 from ...messages import worded
 from ...result import RunResult
+from ...runsetup import set_up
 from ...techniques.freezing import LEVELS, freeze, frozen_stages, is_frozen_batchnorm
-from .common import _points
 
 
 @dataclass
-class BatchNormDemo:
-    """`batchnorm_demo`'s rows (one per way of freezing) and what they show."""
+class BatchNormDemo(LabResult):
+    """`batchnorm_demo`'s rows: frozen with BatchNorm kept in eval mode (first), and with requires_grad_(False) only."""
 
-    frame: pd.DataFrame
-    level: str
+    shown = ("variant", "frozen_weight_change", "running_mean_change", "feature_change_fraction", "accuracy")
+    level: str = "head_only"
 
     @worded
     def finding(self) -> str:
-        """One line: how far the "frozen" statistics and features moved without eval mode, and the accuracy."""
         good, bad = self.frame.iloc[0], self.frame.iloc[1]
-        noise = accuracy_noise((good["accuracy"] + bad["accuracy"]) / 2, int(good["test_size"]))
-        difference = bad["accuracy"] - good["accuracy"]
-        text = (f"With requires_grad_(False) alone the frozen BatchNorm running means moved by up to "
+        acc = compare(*(Measured.accuracy(row["accuracy"], int(row["test_size"])) for row in (bad, good)))
+        return (f"With requires_grad_(False) alone the frozen BatchNorm running means moved by up to "
                 f"{bad['running_mean_change']:.3g} and the frozen body's output by "
                 f"{bad['feature_change_fraction']:.1%} (kept in eval mode: {good['running_mean_change']:g} and "
-                f"{good['feature_change_fraction']:.1%}); "
-                f"accuracy {bad['accuracy']:.1%} against {good['accuracy']:.1%}, ")
-        if abs(difference) <= noise:
-            return text + f"within the test noise ({noise * 100:.1f} points)."
-        return text + f"{_points(difference)}, beyond the test noise ({noise * 100:.1f} points)."
-
-
-def _frozen_batchnorms(model: nn.Module, names: list[str]) -> list[nn.Module]:
-    stages = dict(models.named_stages(model))
-    return [m for name in names for m in stages[name].modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+                f"{good['feature_change_fraction']:.1%}); accuracy {bad['accuracy']:.1%} against "
+                f"{good['accuracy']:.1%} ({acc.difference * 100:+.1f} points, {acc.verdict}).")
 
 
 def _bn_demo_run(cfg: RunConfig, level: str, batchnorm_eval: bool, progress: bool) -> dict:
-    split = train.run_splits(cfg)["train"]
-    torch.manual_seed(cfg.seed)
-    model, _ = models.build(cfg.model, split.num_classes, pretrained=cfg.pretrained)
-    freeze(model, level, batchnorm_eval=batchnorm_eval)
-    names = frozen_stages(model, level)
-    batchnorms = _frozen_batchnorms(model, names)
+    s = set_up(cfg)
+    freeze(s.model, level, batchnorm_eval=batchnorm_eval)
+    stages = dict(models.named_stages(s.model))
+    names = frozen_stages(s.model, level)
+    batchnorms = [m for name in names for m in stages[name].modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     means = [bn.running_mean.clone() for bn in batchnorms]
-    weights = [p.detach().clone() for name in names for p in dict(models.named_stages(model))[name].parameters()]
-    trainer = train.Trainer(cfg.replace(freeze=None), model=model)
-    probe = data.to_model_input(split.images[:cfg.batch_size], split, trainer.device, cfg.channels_last,
-                                cfg.image_size)
+    weights = [p.detach().clone() for name in names for p in stages[name].parameters()]
+    trainer = train.Trainer(cfg.replace(freeze=None), model=s.model)
+    probe = s.batch().images
 
     def body_output() -> torch.Tensor:
         was = trainer.model.training
         trainer.model.eval()
         with torch.no_grad():
-            h = probe
-            stages = dict(models.named_stages(trainer.model))
+            h, now = probe, dict(models.named_stages(trainer.model))
             for name in names:
-                h = stages[name](h)
+                h = now[name](h)
         trainer.model.train(was)
         return h.float()
 
     before = body_output()
     result = trainer.run(progress=progress)
     after = body_output()
-    frozen_now = [p.detach() for name in names for p in dict(models.named_stages(trainer.model))[name].parameters()]
+    now = dict(models.named_stages(trainer.model))
+    frozen_now = [p.detach() for name in names for p in now[name].parameters()]
     return {
         "result": result.to_dict(),
         "running_mean_change": max((float((bn.running_mean.cpu() - m.cpu()).abs().max())
@@ -88,19 +77,8 @@ def _bn_demo_run(cfg: RunConfig, level: str, batchnorm_eval: bool, progress: boo
 
 def batchnorm_demo(cfg: RunConfig, level: str = "head_only", refresh: bool = False,
                    progress: bool = True) -> BatchNormDemo:
-    """Freeze ``cfg``'s model at ``level`` twice, as labkit does and with ``requires_grad_(False)`` alone; fine-tune.
-
-    Args:
-        cfg: the fine-tune.
-        level: a level that freezes something.
-        refresh: run again.
-        progress: progress bars.
-
-    Returns:
-        A `BatchNormDemo`; its rows (eval mode first): ``variant``, ``running_mean_change`` (largest change of a
-        frozen running mean), ``feature_change_fraction`` (relative change of the frozen stages' eval output on
-        a fixed batch), ``frozen_weight_change``, ``accuracy``, ``step_time_s``, ``test_size``. Cached.
-    """
+    """Freeze ``cfg``'s model at ``level`` twice, as labkit does and with ``requires_grad_(False)`` alone, fine-tune
+    both and measure how far the frozen running statistics and features moved. Cached."""
     if level in (None, "none") or level not in LEVELS:
         raise ConfigError("level", level, f"a level that freezes something: one of {list(LEVELS[1:])}")
     if not models.has_batchnorm(models.build(cfg.model, 2, pretrained=False)[0]):
@@ -114,6 +92,5 @@ def batchnorm_demo(cfg: RunConfig, level: str = "head_only", refresh: bool = Fal
         rows.append({"variant": variant, "running_mean_change": record["running_mean_change"],
                      "feature_change_fraction": record["feature_change"],
                      "frozen_weight_change": record["frozen_weight_change"], "accuracy": result.accuracy,
-                     "step_time_s": result.step_time_s, "test_size": profile().test_size,
-                     "error": result.error})
-    return BatchNormDemo(pd.DataFrame(rows), level)
+                     "step_time_s": result.step_time_s, "test_size": profile().test_size, "error": result.error})
+    return BatchNormDemo(pd.DataFrame(rows), level=level)

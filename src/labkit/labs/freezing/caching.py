@@ -15,6 +15,8 @@ from torch.utils.data import BatchSampler, RandomSampler
 from ... import data, evaluation, measure, models, results, train
 from ...config import RunConfig
 from ...env import env_report
+from ...labresult import LabResult
+from ...measure import compare
 from ...messages import worded
 from ...techniques.freezing import cache_features
 from ...techniques.precision import autocast
@@ -24,20 +26,16 @@ from .common import _duration
 
 
 @dataclass
-class FeatureCaching:
-    """`feature_caching`'s measurements: time per epoch both ways, the one-off extraction, and the accuracies.
+class FeatureCaching(LabResult):
+    """Head-only training through the network and on cached features (``frame``: ``method``, ``epoch_time_s``,
+    the median epoch, ``accuracy``); building the cache took ``extract_s`` and ``cache_bytes``; the two heads'
+    largest relative weight difference; ``epoch_times_s``: method -> every epoch's time (None: not kept)."""
 
-    Attributes:
-        frame: ``method``, ``epoch_time_s`` (median over the epochs), ``accuracy``. extract_s: building the cache.
-        cache_bytes: its size. head_weight_diff: the two heads' largest weight difference, relative.
-        epochs: epochs each way. epoch_times_s: method -> every epoch's time (None: not kept).
-    """
-
-    frame: pd.DataFrame
-    extract_s: float
-    cache_bytes: int
-    head_weight_diff: float
-    epochs: int
+    shown = ("method", "epoch_time_s", "accuracy")
+    extract_s: float = 0.0
+    cache_bytes: int = 0
+    head_weight_diff: float = 0.0
+    epochs: int = 1
     epoch_times_s: dict | None = None
 
     @property
@@ -48,22 +46,20 @@ class FeatureCaching:
 
     @worded
     def finding(self) -> str:
-        """One line: how much faster an epoch on the cache was, and after how many epochs the cache paid."""
         by = self.frame.set_index("method")
         through, cached = by.loc["through the network", "epoch_time_s"], by.loc["cached features", "epoch_time_s"]
+        times = self.epoch_times_s or {}
+        c = compare(times.get("cached features", cached), times.get("through the network", through),
+                    ("faster", "slower"))
         text = (f"An epoch took {_duration(through)} through the network and {_duration(cached)} on the cache "
-                f"({self.speedup:.1f}x faster")
-        if self.epoch_times_s:
-            clear = max(self.epoch_times_s["cached features"]) < min(self.epoch_times_s["through the network"])
-            text += ", every epoch" if clear else ", though not every epoch"
-        text += f"); building the cache took {_duration(self.extract_s)} and {mib(self.cache_bytes, '.3g')}, "
+                f"({self.speedup:.1f}x faster, over the epochs {c.verdict}); building the cache took "
+                f"{_duration(self.extract_s)} and {mib(self.cache_bytes, '.3g')}, ")
         gain = through - cached
         if gain <= 0:
             return text + "so here it never pays."
-        even = self.extract_s / gain
         total = self.extract_s + self.epochs * cached
-        return text + (f"so it paid for itself after {even:.2f} epochs ({_duration(total)} in all over {self.epochs} "
-                       f"epochs, against {_duration(self.epochs * through)}).")
+        return text + (f"so it paid for itself after {self.extract_s / gain:.2f} epochs ({_duration(total)} in all "
+                       f"over {self.epochs} epochs, against {_duration(self.epochs * through)}).")
 
 
 def _synchronized_time(device: torch.device, start: float) -> float:
@@ -81,20 +77,20 @@ def _head_step(trainer: train.Trainer, features: torch.Tensor, labels: torch.Ten
     trainer.optimizer.zero_grad(set_to_none=True)
 
 
-def _rng_state(device: torch.device):
-    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-
-
-def _set_rng_state(device: torch.device, state) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
+def _rng(device: torch.device, state=None):
+    """The CPU (and CUDA) random state, set to ``state`` first where given."""
+    cuda = device.type == "cuda"
+    if state is not None:
+        torch.set_rng_state(state[0])
+    if state is not None and cuda:
         torch.cuda.set_rng_state(state[1], device)
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if cuda else None
 
 
 def _caching_record(cfg: RunConfig, epochs: int) -> dict:
     through = train.Trainer(cfg)
     device = through.device
-    rng = {"through": _rng_state(device)}
+    rng = {"through": _rng(device)}
     cached = train.Trainer(cfg)  # the same random seed: the same head to start from, the same batch order
     split = cached.train_split
     order = data.make_loader(split, batch_size=max(cfg.batch_size, 256), shuffle=False)
@@ -105,7 +101,7 @@ def _caching_record(cfg: RunConfig, epochs: int) -> dict:
     labels_all = split.labels.to(device)
     batches = BatchSampler(RandomSampler(range(len(split)), generator=torch.Generator().manual_seed(cfg.seed)),
                            cfg.batch_size, drop_last=True)  # the order the Trainer's loader draws
-    rng["cached"] = _rng_state(device)
+    rng["cached"] = _rng(device)
 
     def through_epoch():
         for images, labels in through.loader:
@@ -121,12 +117,11 @@ def _caching_record(cfg: RunConfig, epochs: int) -> dict:
     times = {"through": [], "cached": []}
     for epoch in range(epochs):
         for way in (("through", "cached") if epoch % 2 == 0 else ("cached", "through")):
-            _set_rng_state(device, rng[way])
+            _rng(device, rng[way])
             start = time.perf_counter()
             (through_epoch if way == "through" else cached_epoch)()
             times[way].append(_synchronized_time(device, start))
-            rng[way] = _rng_state(device)
-    times_through, times_cached = times["through"], times["cached"]
+            rng[way] = _rng(device)
 
     test = through.splits["test"]
     heads = [dict(models.named_stages(t.model))["head"] for t in (through, cached)]
@@ -134,34 +129,22 @@ def _caching_record(cfg: RunConfig, epochs: int) -> dict:
     largest = max(float(a.detach().abs().max()) for a, _ in pairs)
     diff = max(float((a.detach() - b.detach()).abs().max()) for a, b in pairs) / largest
     accuracy = [evaluation.evaluate(t.model, test, cfg, device, t.precision) for t in (through, cached)]
-    return {"epoch_times_through_s": times_through, "epoch_times_cached_s": times_cached, "extract_s": extract_s,
+    return {"epoch_times_through_s": times["through"], "epoch_times_cached_s": times["cached"],
+            "extract_s": extract_s,
             "cache_bytes": features.untyped_storage().nbytes(), "head_weight_diff": diff,
             "accuracy_through": accuracy[0], "accuracy_cached": accuracy[1], "steps_per_epoch": len(through.loader)}
 
 
 def feature_caching(cfg: RunConfig, epochs: int = 3, refresh: bool = False) -> FeatureCaching:
-    """Head-only training two ways, ``epochs`` epochs each from the same start on the same batches.
-
-    Through the whole (frozen) network every step, and on the body's output computed once (`cache_features`).
-    ``cfg`` runs at ``freeze="head_only"`` with one plain step (no warm-up, accumulation or clipping). Cached.
-
-    Args:
-        cfg: the fine-tune.
-        epochs: epochs each way.
-        refresh: measure again.
-
-    Example:
-        >>> caching = feature_caching(cfg); print(caching.finding())
-    """
+    """Head-only training two ways, ``epochs`` epochs each from the same start on the same batches: through the
+    whole frozen network every step, and on the body's output computed once (`cache_features`). ``cfg`` runs at
+    ``freeze="head_only"`` with one plain step (no warm-up, accumulation or clipping). Cached."""
     check_positive_int("epochs", epochs)
     run = cfg.replace(freeze="head_only", lr_warmup_steps=0, grad_accum=1, grad_clip=None, max_steps=None, epochs=1)
     key = f"{results.cache_key(run, env_report(cfg.device))}-feature-caching-{epochs}"
     record = results.cached_record(key, lambda: _caching_record(run, epochs), refresh)
     times = {"through the network": record["epoch_times_through_s"], "cached features": record["epoch_times_cached_s"]}
-    frame = pd.DataFrame([
-        {"method": "through the network", "epoch_time_s": statistics.median(times["through the network"]),
-         "accuracy": record["accuracy_through"]},
-        {"method": "cached features", "epoch_time_s": statistics.median(times["cached features"]),
-         "accuracy": record["accuracy_cached"]},
-    ])
-    return FeatureCaching(frame, record["extract_s"], record["cache_bytes"], record["head_weight_diff"], epochs, times)
+    frame = pd.DataFrame({"method": list(times), "epoch_time_s": [statistics.median(t) for t in times.values()],
+                          "accuracy": [record["accuracy_through"], record["accuracy_cached"]]})
+    return FeatureCaching(frame, record["extract_s"], record["cache_bytes"], record["head_weight_diff"], epochs,
+                          times)

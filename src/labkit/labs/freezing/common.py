@@ -22,13 +22,8 @@ def _frozen_label(names: list[str]) -> str:
 
 
 def _typical_step_s(result: RunResult, phase_starts=()) -> float:
-    """A run's mean step time, robust to disturbed steps: each timed step counts with the median of its phase.
-
-    A fixed level has one phase (the mean is the median step); a gradual schedule starts a new phase at each
-    step where a stage thaws (``phase_starts``, 0-based step indices), and its steps get slower from phase to
-    phase, so one median would pick one phase. A plain mean would move with every step that other work on the
-    machine slowed down.
-    """
+    """A run's mean step time with each timed step counted at its phase's median: robust to disturbed steps, and a
+    gradual schedule (a new phase at each step where a stage thaws, ``phase_starts``) gets slower phase by phase."""
     times = result.step_times_s
     if not times:
         return math.nan
@@ -41,10 +36,6 @@ def _typical_step_s(result: RunResult, phase_starts=()) -> float:
 
 def _duration(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
-
-
-def _points(value: float) -> str:
-    return f"{value * 100:+.1f} points"
 
 
 def _ok(frame: pd.DataFrame) -> pd.DataFrame:

@@ -3,14 +3,17 @@ levels (Howard & Ruder 2018, ULMFiT)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 import torch
 
 from ... import measure, models, results, train
 from ...config import RunConfig
-from ...env import env_report
+from ...env import env_report, profile
 from ...errors import ConfigError
-from ...measure import accuracy_noise
+from ...labresult import LabResult
+from ...measure import Measured, compare
 from ...messages import worded
 from ...result import RunResult
 from ...techniques.freezing import discriminative_param_groups, gradual_unfreeze
@@ -53,24 +56,40 @@ def _schedule_record(cfg: RunConfig, schedule: str, decay: float, progress: bool
             "stage_lrs": {g["stage"]: g["lr"] for g in groups}}
 
 
-def schedule_runs(cfg: RunConfig, sweep: pd.DataFrame, decay: float = 1 / 2.6, refresh: bool = False,
-                  progress: bool = True) -> pd.DataFrame:
-    """Gradual unfreezing, discriminative learning rates and both together, beside `level_sweep`'s fixed levels.
+@dataclass
+class Schedules(LabResult):
+    """`schedule_runs`' rows: the fixed levels (``kind`` ``fixed``) and the schedules, trained for the same steps."""
 
-    Each run trains ``cfg``'s steps from the same pretrained start with AdamW (cached).
+    shown = ("setup", "kind", "accuracy", "mean_step_time_s", "num_trainable_params", "peak_memory_bytes", "schedule")
+    test_size: int = 0
 
-    Args:
-        cfg: the fine-tune.
-        sweep: `level_sweep`'s rows.
-        decay: the lr factor per stage (ULMFiT: 1/2.6).
-        refresh: run again.
-        progress: show progress bars.
+    @worded
+    def finding(self) -> str:
+        """Which setups are not below the best accuracy beyond the test noise, and the fastest of those."""
+        ok = _ok(self.frame).set_index("setup")
+        if "none" not in ok.index:
+            raise ConfigError("frame", "no 'none' row", "a schedule_runs frame with the fixed level 'none'")
+        best = ok.sort_values(["accuracy", "mean_step_time_s"], ascending=[False, True]).index[0]
+        top = Measured.accuracy(ok.loc[best, "accuracy"], self.test_size)
+        close = ok[[compare(Measured.accuracy(a, self.test_size), top).direction != -1 for a in ok["accuracy"]]]
+        fastest = close.sort_values("mean_step_time_s").index[0]
+        time_ratio = ratio(ok.loc[fastest, "mean_step_time_s"], ok.loc["none", "mean_step_time_s"])
+        return (f"Best accuracy: {best} ({ok.loc[best, 'accuracy']:.1%}); not lower beyond the test noise: "
+                f"{', '.join(close.index)}; the fastest of those is {fastest}, at {time_ratio:.2f}x no freezing's "
+                "mean step time.")
 
-    Returns:
-        Rows ``setup``, ``kind`` (``fixed`` / ``schedule``), ``accuracy``, ``mean_step_time_s`` (each step at its
-        phase's median), ``train_time_s``, ``num_trainable_params`` (at the end), ``peak_memory_bytes``, memory
-        categories (a gradual run's from one extra step at its end), ``schedule`` (when each stage thawed, or lrs).
-    """
+
+def _row_of(row, setup: str, kind: str, schedule: str) -> dict:
+    return {"setup": setup, "kind": kind, **{c: row[c] for c in ("accuracy", "mean_step_time_s", "train_time_s",
+                                                                  "num_trainable_params", "peak_memory_bytes")},
+            "schedule": schedule, **{c: row[c] for c in row.keys() if c.startswith("mem_")},
+            "error": row.get("error") if kind == "schedule" else None}
+
+
+def schedule_runs(cfg: RunConfig, sweep, decay: float = 1 / 2.6, refresh: bool = False,
+                  progress: bool = True) -> Schedules:
+    """Gradual unfreezing, discriminative learning rates (``decay`` per stage; ULMFiT: 1/2.6) and both, each for
+    ``cfg``'s steps from the same pretrained start with AdamW (cached), beside the ``sweep``'s fixed levels."""
     if cfg.optimizer != "adamw":
         raise ConfigError("optimizer", cfg.optimizer, "'adamw' (the schedules build their own AdamW)")
     if cfg.lr_warmup_steps:
@@ -78,46 +97,17 @@ def schedule_runs(cfg: RunConfig, sweep: pd.DataFrame, decay: float = 1 / 2.6, r
     if not is_number(decay) or not 0 < decay <= 1:
         raise ConfigError("decay", decay, "a number in (0, 1] (the lr factor from one stage to the one below)")
     env = env_report(cfg.device)
-    rows = []
-    for _, fixed in _ok(sweep).iterrows():
-        rows.append({"setup": fixed["level"], "kind": "fixed", "accuracy": fixed["accuracy"],
-                     "mean_step_time_s": fixed["mean_step_time_s"], "train_time_s": fixed["train_time_s"],
-                     "num_trainable_params": fixed["num_trainable_params"],
-                     "peak_memory_bytes": fixed["peak_memory_bytes"], "schedule": fixed["frozen_stages"],
-                     **{c: fixed[c] for c in fixed.index if c.startswith("mem_")}, "error": None})
+    rows = [_row_of(fixed, fixed["level"], "fixed", fixed["frozen_stages"])
+            for _, fixed in _ok(getattr(sweep, "frame", sweep)).iterrows()]
     for schedule in SCHEDULES:
         key = f"{results.cache_key(cfg, env)}-schedule-{schedule.replace(' ', '_')}-{decay:.6g}"
         record = results.cached_record(key, lambda s=schedule: _schedule_record(cfg, s, decay, progress), refresh)
         result = RunResult.from_dict(record["result"])
-        row = results.to_row(result)
         if schedule == "discriminative lr":
             plan = ", ".join(f"{name} {lr:.2g}" for name, lr in record["stage_lrs"].items())
         else:
             plan = ", ".join(f"{name}@{step}" for step, name in record["thawed"])
-        rows.append({"setup": schedule, "kind": "schedule", "accuracy": result.accuracy,
-                     "mean_step_time_s": _typical_step_s(result, [step for step, _ in record["thawed"]]),
-                     "train_time_s": result.train_time_s, "num_trainable_params": result.num_trainable_params,
-                     "peak_memory_bytes": result.peak_memory_bytes, "schedule": plan,
-                     **{c: row[c] for c in row if c.startswith("mem_")}, "error": result.error})
-    return pd.DataFrame(rows)
-
-
-@worded
-def schedule_finding(frame: pd.DataFrame, test_size: int) -> str:
-    """One line from `schedule_runs`' rows: which setups are within the test noise of the best, and the fastest.
-
-    Args:
-        frame: `schedule_runs`' rows.
-        test_size: the test images the accuracies were measured on.
-    """
-    ok = _ok(frame).set_index("setup")
-    if "none" not in ok.index:
-        raise ConfigError("frame", "no 'none' row", "a schedule_runs frame with the fixed level 'none'")
-    best = ok.sort_values(["accuracy", "mean_step_time_s"], ascending=[False, True]).index[0]
-    noise = accuracy_noise(ok["accuracy"].mean(), test_size)
-    close = ok[ok["accuracy"] >= ok.loc[best, "accuracy"] - noise]
-    fastest = close.sort_values("mean_step_time_s").index[0]
-    time_ratio = ratio(ok.loc[fastest, "mean_step_time_s"], ok.loc["none", "mean_step_time_s"])
-    return (f"Best accuracy: {best} ({ok.loc[best, 'accuracy']:.1%}); within the test noise ({noise * 100:.1f} "
-            f"points) of it: {', '.join(close.index)}; the fastest of those is {fastest}, at {time_ratio:.2f}x no "
-            "freezing's mean step time.")
+        row = {**results.to_row(result), "error": result.error,
+               "mean_step_time_s": _typical_step_s(result, [step for step, _ in record["thawed"]])}
+        rows.append(_row_of(row, schedule, "schedule", plan))
+    return Schedules(pd.DataFrame(rows), test_size=profile().test_size)

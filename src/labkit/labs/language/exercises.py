@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from ... import text
 from ...exercises import CodeExercise, Exercise, Exercises, WrongAnswer
-from ...models.language import build_llama
-from ...techniques.token_loss import micro_batch_loss, split_rows
+from .accumulation import gradient_errors
 
 EXERCISES = Exercises()
 
@@ -63,24 +59,13 @@ def accumulate_solution(model, micro_batches):
         (loss / total).backward()  # over the WHOLE step's tokens
 
 
-def _gradient(model) -> torch.Tensor:
-    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-
-
 def _check_accumulate(accumulate) -> str:
-    torch.manual_seed(0)
-    model = build_llama("tiny_llama", vocab_size=16)
-    train = text.load_text_splits("digits_sort", 8, 1, 1, seq_len=32)["train"]
-    examples = sorted((train[i] for i in range(8)), key=lambda e: len(e["input_ids"]))
-    batch = text.collate(examples)  # shortest first: the micro-batches hold uneven numbers of label tokens
-    micro_batches = split_rows(batch, 4)
-    micro_batch_loss(model, batch, batch.counts().label_tokens).backward()  # one step on all 8 rows
-    expected = _gradient(model)
-    model.zero_grad(set_to_none=True)
-    accumulate(model, micro_batches)
-    if not any(p.grad is not None for p in model.parameters()):
-        raise WrongAnswer("10.accumulate: no gradients: call .backward() on each micro-batch's loss")
-    error = float((_gradient(model) - expected).norm() / expected.norm())
+    def checked(model, micro_batches):
+        accumulate(model, micro_batches)
+        if not any(p.grad is not None for p in model.parameters()):
+            raise WrongAnswer("10.accumulate: no gradients: call .backward() on each micro-batch's loss")
+
+    error = gradient_errors(8, 4, 0, checked)[0]["yours"]  # shortest rows first: uneven label tokens
     if error > 1e-4:
         raise WrongAnswer(f"10.accumulate: your gradients are {error:.1%} off one step on the 8 rows. Hint: sum each "
                           "micro-batch's token losses (reduction='sum') and divide by the label tokens of ALL the "

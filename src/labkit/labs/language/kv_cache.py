@@ -1,25 +1,26 @@
-"""Section 8 of notebook 10, the KV cache at inference: greedy generation with the cache (each new token attends to
-the keys and values kept from the tokens before it) against without (the whole sequence recomputed for every new
-token), and the cache's size, 2 (K and V) x layers x kv_heads x head_dim x bytes per token, for multi-head attention
-against grouped-query attention (GQA: a few key/value heads shared by groups of query heads)."""
+"""Section 8 of notebook 10: greedy generation with the KV cache against without, and the cache's bytes per token
+(2 x layers x kv_heads x head_dim x bytes) for multi-head against grouped-query attention."""
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
-from ... import measure
 from ...display import number
 from ...env import profile, resolve_device
+from ...labresult import LabResult
+from ...measure import Measured, compare
 from ...messages import worded
 from ...models.language import LANGUAGE_MODELS, build_llama, transformers_module
 from ...units import mib
+from .common import interleaved
 
 
 def _cache_of(model, output):
-    """The output's cache: transformers 5 names it ``cache``, 4 ``past_key_values`` (the keyword too)."""
+    # transformers 5 names it ``cache``, 4 ``past_key_values`` (the keyword too)
     return output["cache"] if "cache" in output else output["past_key_values"]
 
 
@@ -36,22 +37,15 @@ def cache_tensors_bytes(cache) -> int:
 
 
 def cache_bytes_per_token(config, bytes_per_value: int = 4) -> int:
-    """The KV cache's bytes per token: 2 (K and V) x layers x kv_heads x head_dim x ``bytes_per_value``.
-
-    Example:
-        >>> cache_bytes_per_token(model.config)  # tiny_llama: 2 x 4 x 4 x 32 x 4
-        4096
-    """
+    """The KV cache's bytes per token: 2 (K and V) x layers x kv_heads x head_dim x ``bytes_per_value``."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * bytes_per_value
 
 
 @torch.no_grad()
 def generate_greedy(model, prompt_ids: torch.Tensor, new_tokens: int, use_cache: bool = True):
-    """``new_tokens`` greedy tokens after ``prompt_ids`` [rows, length]; returns (all ids, the cache or None).
-
-    With the cache each step feeds only the newest token; without, the whole sequence so far.
-    """
+    """``new_tokens`` greedy tokens after ``prompt_ids``: (all ids, the cache or None); with the cache each step
+    feeds only the newest token, without it the whole sequence so far."""
     ids, cache, keyword = prompt_ids, None, _cache_keyword(model)
     for _ in range(new_tokens):
         if use_cache and cache is not None:
@@ -63,23 +57,28 @@ def generate_greedy(model, prompt_ids: torch.Tensor, new_tokens: int, use_cache:
     return ids, cache
 
 
+@dataclass
+class Generation(LabResult):
+    """Greedy generation with and without the cache: tokens/s, time, same tokens, the cache's bytes."""
+
+    shown = ("use_cache", "tokens_per_s", "time_s", "same_tokens", "cache_bytes", "formula_cache_bytes")
+
+    @worded
+    def finding(self) -> str:
+        on, off = self.frame.set_index("use_cache").loc[True], self.frame.set_index("use_cache").loc[False]
+        time = compare(Measured.row(on, "time_s"), Measured.row(off, "time_s"), words=("faster", "slower"))
+        same = "the same tokens" if on["same_tokens"] else "DIFFERENT tokens"
+        fits = "as the formula says" if on["cache_bytes"] == on["formula_cache_bytes"] else \
+            f"against the formula's {mib(on['formula_cache_bytes'], '.3g')}"
+        return (f"With the KV cache: {number(on['tokens_per_s'] / off['tokens_per_s'])}x the tokens/s "
+                f"({time.verdict}; {number(on['tokens_per_s'])} against {number(off['tokens_per_s'])}), {same}; the "
+                f"cache holds {mib(on['cache_bytes'], '.3g')}, {fits}.")
+
+
 def generation_speed(model_name: str = "tiny_llama", prompt_len: int = 32, new_tokens: int | None = None,
-                     repeats: int | None = None, seed: int = 0) -> pd.DataFrame:
-    """Greedy generation with and without the KV cache, timed interleaved, on a random-weight Llama.
-
-    Args:
-        model_name: a labkit Llama. prompt_len: prompt tokens. new_tokens: tokens generated (None: 32 at ``ci``,
-            96 otherwise; prompt + new at most the model's 256 positions). repeats: timed generations of each
-            (None: the profile's, at most 8). seed: weights and prompt.
-
-    Returns:
-        A frame: ``use_cache``, ``tokens_per_s`` (new tokens over the median time), ``time_s`` with ``time_p10_s``
-        / ``_p90_s``, ``same_tokens`` (as the cache-free run's), ``cache_bytes`` (measured) and
-        ``formula_cache_bytes`` (bytes per token x the cached tokens).
-
-    Example:
-        >>> generation_speed()[["use_cache", "tokens_per_s", "same_tokens"]]
-    """
+                     repeats: int | None = None, seed: int = 0) -> Generation:
+    """Greedy generation with and without the KV cache on a random-weight Llama, timed interleaved after one
+    untimed run each (``new_tokens`` None: 32 at ``ci``, 96 otherwise; ``repeats`` None: the profile's, at most 8)."""
     prof = profile()
     new_tokens = (32 if prof.name == "ci" else 96) if new_tokens is None else new_tokens
     repeats = min(prof.repeats, 8) if repeats is None else repeats
@@ -89,38 +88,40 @@ def generation_speed(model_name: str = "tiny_llama", prompt_len: int = 32, new_t
     prompt = torch.randint(3, 2048, (1, prompt_len), generator=torch.Generator().manual_seed(seed)).to(device)
     # the first generation of each kind is the warm-up (untimed); the timer synchronises a GPU before reading
     outputs = {flag: generate_greedy(model, prompt, new_tokens, use_cache=flag) for flag in (True, False)}
-    timers = {flag: measure.StepTimer(device) for flag in outputs}
-    for _ in range(repeats):
-        for flag, timer in timers.items():
-            timer.start()
-            generate_greedy(model, prompt, new_tokens, use_cache=flag)
-            timer.stop()
+    times = interleaved({flag: (lambda flag=flag: generate_greedy(model, prompt, new_tokens, use_cache=flag))
+                         for flag in outputs}, repeats, device, "time_s")
     cached = prompt_len + new_tokens - 1  # the last token generated is never fed back
-    rows = []
-    for flag, (ids, cache) in outputs.items():
-        median, p10, p90 = measure.spread(timers[flag].times_s())
-        rows.append({"use_cache": flag, "tokens_per_s": new_tokens / median, "time_s": median, "time_p10_s": p10,
-                     "time_p90_s": p90, "same_tokens": bool(torch.equal(ids, outputs[False][0])),
-                     "cache_bytes": cache_tensors_bytes(cache) if cache is not None else 0,
-                     "formula_cache_bytes": cache_bytes_per_token(model.config) * cached if flag else 0})
-    return pd.DataFrame(rows)
+    rows = [{"use_cache": flag, "tokens_per_s": new_tokens / times[flag]["time_s"], **times[flag],
+             "same_tokens": bool(torch.equal(ids, outputs[False][0])),
+             "cache_bytes": cache_tensors_bytes(cache) if cache is not None else 0,
+             "formula_cache_bytes": cache_bytes_per_token(model.config) * cached if flag else 0}
+            for flag, (ids, cache) in outputs.items()]
+    return Generation(pd.DataFrame(rows))
 
 
-def gqa_cache_sizes(model_name: str = "tiny_llama", groups=(1, 4), tokens: int = 16) -> pd.DataFrame:
-    """The cache of one Llama with ``num_key_value_heads`` = heads / group for each group size (1: multi-head).
+@dataclass
+class GqaCache(LabResult):
+    """The cache of one Llama shape per query heads per KV head (1: multi-head): bytes per token, formula and
+    measured, and the ratio to the first."""
 
-    Args:
-        model_name: a labkit Llama whose shape to take. groups: query heads per key/value head (divisors of the
-            heads). tokens: prompt tokens run through each model to measure its cache.
+    shown = ("attention", "kv_heads", "bytes_per_token", "measured_bytes_per_token")
 
-    Returns:
-        A frame: ``attention`` (``MHA`` or ``GQA-<group>``), ``kv_heads``, ``bytes_per_token`` (formula),
-        ``measured_bytes_per_token``, ``num_params`` and ``ratio`` (bytes per token against the first).
+    @worded
+    def finding(self) -> str:
+        base = self.frame.iloc[0]
+        parts = [f"{row['attention']} ({_heads(row['kv_heads'])}) {number(row['bytes_per_token'])} bytes per token, "
+                 f"{number(row['ratio'])}x" for _, row in self.frame.iloc[1:].iterrows()]
+        return (f"{base['attention']} ({_heads(base['kv_heads'])}) caches {number(base['bytes_per_token'])} bytes "
+                f"per token; " + "; ".join(parts) + ".")
 
-    Example:
-        >>> gqa_cache_sizes()["ratio"].tolist()
-        [1.0, 0.25]
-    """
+
+def _heads(count) -> str:
+    return f"{int(count)} KV head{'s' if count != 1 else ''}"
+
+
+def gqa_cache_sizes(model_name: str = "tiny_llama", groups=(1, 4), tokens: int = 16) -> GqaCache:
+    """`GqaCache` for ``model_name``'s shape with ``num_key_value_heads`` = heads / group (``groups`` divide the
+    heads), each measured on ``tokens`` prompt tokens."""
     spec = LANGUAGE_MODELS[model_name]
     transformers = transformers_module(model_name)
     rows = []
@@ -139,34 +140,4 @@ def gqa_cache_sizes(model_name: str = "tiny_llama", groups=(1, 4), tokens: int =
                      "num_params": sum(p.numel() for p in model.parameters())})
     frame = pd.DataFrame(rows)
     frame["ratio"] = frame["bytes_per_token"] / frame["bytes_per_token"].iloc[0]
-    return frame
-
-
-@worded
-def generation_finding(frame: pd.DataFrame) -> str:
-    """The cached generation's tokens/s against the cache-free one's (beyond the noise or not), same tokens or not,
-    and the cache's measured bytes against the formula."""
-    on, off = frame.set_index("use_cache").loc[True], frame.set_index("use_cache").loc[False]
-    order = measure.separated((on["time_p10_s"], on["time_p90_s"]), (off["time_p10_s"], off["time_p90_s"]))
-    speed = number(on["tokens_per_s"] / off["tokens_per_s"])
-    verdict = {-1: f"{speed}x the tokens/s", 1: f"{speed}x the tokens/s (slower)",
-               0: f"no speed-up beyond the noise ({speed}x)", None: f"{speed}x (no timing spread)"}[order]
-    same = "the same tokens" if on["same_tokens"] else "DIFFERENT tokens"
-    fits = "as the formula says" if on["cache_bytes"] == on["formula_cache_bytes"] else \
-        f"against the formula's {mib(on['formula_cache_bytes'], '.3g')}"
-    return (f"With the KV cache: {verdict} ({number(on['tokens_per_s'])} against {number(off['tokens_per_s'])}), "
-            f"{same}; the cache holds {mib(on['cache_bytes'], '.3g')}, {fits}.")
-
-
-def _heads(count) -> str:
-    return f"{int(count)} KV head{'s' if count != 1 else ''}"
-
-
-@worded
-def gqa_finding(frame: pd.DataFrame) -> str:
-    """Each attention's cache bytes per token against multi-head attention's."""
-    base = frame.iloc[0]
-    parts = [f"{row['attention']} ({_heads(row['kv_heads'])}) {number(row['bytes_per_token'])} bytes per token, "
-             f"{number(row['ratio'])}x" for _, row in frame.iloc[1:].iterrows()]
-    return (f"{base['attention']} ({_heads(base['kv_heads'])}) caches {number(base['bytes_per_token'])} bytes per "
-            f"token; " + "; ".join(parts) + ".")
+    return GqaCache(frame)

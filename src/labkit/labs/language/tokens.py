@@ -1,7 +1,8 @@
-"""Section 1 of notebook 10, tokens: the Python docs' paragraphs counted in characters (one token each, as a
-character-level tokenizer cuts them) and in the pydoc BPE's tokens, and what one batch holds counted in tokens."""
+"""Section 1 of notebook 10: pydoc paragraphs in characters and in pydoc BPE tokens, and one batch in tokens."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,7 @@ from ... import text
 from ...display import number
 from ...env import profile
 from ...errors import ConfigError
+from ...labresult import LabResult
 from ...messages import worded
 from ...validate import is_int
 
@@ -17,14 +19,7 @@ TOKENIZATIONS = ("characters", "pydoc_bpe")
 
 
 def paragraph_lengths(num_paragraphs: int | None = None) -> pd.DataFrame:
-    """Each pydoc paragraph's length in characters and in pydoc BPE tokens (no ``<bos>``/``<eos>``).
-
-    Args:
-        num_paragraphs: the first this many paragraphs (None: the profile's ``train_size``, at most all of them).
-
-    Example:
-        >>> paragraph_lengths(100)[["characters", "pydoc_bpe"]].median()
-    """
+    """Each pydoc paragraph's length in characters and in BPE tokens (None: the profile's ``train_size`` of them)."""
     documents = text.pydoc_documents()
     count = min(profile().train_size, len(documents)) if num_paragraphs is None else num_paragraphs
     if not is_int(count) or not 1 <= count <= len(documents):
@@ -35,30 +30,16 @@ def paragraph_lengths(num_paragraphs: int | None = None) -> pd.DataFrame:
 
 
 def length_summary(lengths: pd.DataFrame) -> pd.DataFrame:
-    """Per tokenization: tokens per paragraph (median, 90th percentile, longest), all tokens, characters per token.
-
-    Args:
-        lengths: from `paragraph_lengths`.
-    """
+    """Per tokenization: tokens per paragraph (median, p90, longest), all tokens, characters per token."""
     chars = lengths["characters"].sum()
-    rows = [{"tokenization": name, "median_tokens": float(np.median(lengths[name])),
-             "p90_tokens": float(np.percentile(lengths[name], 90)), "max_tokens": int(lengths[name].max()),
-             "total_tokens": int(lengths[name].sum()), "chars_per_token": chars / lengths[name].sum()}
-            for name in TOKENIZATIONS]
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"tokenization": name, "median_tokens": float(np.median(lengths[name])),
+                          "p90_tokens": float(np.percentile(lengths[name], 90)), "max_tokens": int(lengths[name].max()),
+                          "total_tokens": int(lengths[name].sum()), "chars_per_token": chars / lengths[name].sum()}
+                         for name in TOKENIZATIONS])
 
 
 def batch_in_tokens(batch_size: int = 8, seq_len: int = 128, packing: str = "pad_max", seed: int = 0) -> dict:
-    """One pydoc_text training batch counted in tokens: rows x width, real tokens, label tokens, padding share.
-
-    Args:
-        batch_size: rows. seq_len: tokens per row (paragraphs are cut to it). packing: one of `labkit.text.PACKINGS`.
-        seed: the batch's draw.
-
-    Example:
-        >>> batch_in_tokens(8, 128)["tokens"]
-        1024
-    """
+    """One pydoc_text training batch counted in tokens: rows x width, real and label tokens, padding share."""
     data = text.load_text_splits("pydoc_text", batch_size * 8, 1, 1, seq_len=seq_len, seed=seed)["train"]
     batch = next(iter(text.make_token_loader(data, batch_size, packing=packing, seq_len=seq_len, seed=seed)))
     counts = batch.counts()
@@ -68,18 +49,27 @@ def batch_in_tokens(batch_size: int = 8, seq_len: int = 128, packing: str = "pad
             "real_tokens": counts.real_tokens, "label_tokens": counts.label_tokens, "pad_fraction": counts.pad_fraction}
 
 
-@worded
-def tokens_finding(summary: pd.DataFrame) -> str:
-    """How many fewer tokens the BPE needs than characters, per median paragraph and per longest one."""
-    chars, bpe = (summary.set_index("tokenization").loc[name] for name in TOKENIZATIONS)
-    return (f"The pydoc BPE covers {number(bpe['chars_per_token'])} characters per token: a median paragraph is "
-            f"{number(bpe['median_tokens'])} tokens against {number(chars['median_tokens'])} characters, the longest "
-            f"{number(bpe['max_tokens'])} against {number(chars['max_tokens'])}.")
+@dataclass
+class TokenCounts(LabResult):
+    """Tokens per paragraph for each tokenization (the frame) and one batch counted in tokens (``batch``)."""
+
+    shown = ("tokenization", "median_tokens", "p90_tokens", "max_tokens", "chars_per_token")
+    batch: dict = field(default_factory=dict)
+
+    @worded
+    def finding(self) -> str:
+        chars, bpe = (self.frame.set_index("tokenization").loc[name] for name in TOKENIZATIONS)
+        b = self.batch
+        return (f"The pydoc BPE covers {number(bpe['chars_per_token'])} characters per token: a median paragraph is "
+                f"{number(bpe['median_tokens'])} tokens against {number(chars['median_tokens'])} characters, the "
+                f"longest {number(bpe['max_tokens'])} against {number(chars['max_tokens'])}. A {b['packing']} batch "
+                f"of {b['rows']} rows x {b['width']} = {number(b['tokens'])} tokens holds "
+                f"{number(b['real_tokens'])} real tokens from {b['documents']} paragraphs: "
+                f"{number(100 * b['pad_fraction'])} % padding.")
 
 
-@worded
-def batch_finding(batch: dict) -> str:
-    """What one batch of ``rows x width`` tokens holds: real tokens, documents and padding."""
-    return (f"A {batch['packing']} batch of {batch['rows']} rows x {batch['width']} = {number(batch['tokens'])} tokens "
-            f"holds {number(batch['real_tokens'])} real tokens from {batch['documents']} paragraphs: "
-            f"{number(100 * batch['pad_fraction'])} % padding.")
+def token_counts(num_paragraphs: int | None = None, batch_size: int = 8, seq_len: int = 128,
+                 packing: str = "pad_max") -> TokenCounts:
+    """`length_summary` of `paragraph_lengths` and `batch_in_tokens`, as one result."""
+    return TokenCounts(length_summary(paragraph_lengths(num_paragraphs)),
+                       batch=batch_in_tokens(batch_size, seq_len, packing))

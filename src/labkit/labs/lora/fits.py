@@ -1,21 +1,18 @@
-"""Section 6 of notebook 08, what fits my GPU: the formula (`labkit.capacity.lm_training_memory`) checked against
-the peaks measured here, then applied to models of 0.1B to 7B parameters for a T4 and for the learner's GPU.
-
-`estimate_check` runs full fine-tuning and LoRA (rank 8 on q and v, and on every linear layer) of the workload's
-model in float32 with rows of one width, so that the formula sees exactly the tokens the run had, and sets the
-formula's figure beside `labkit.fit`'s measured peak.
-"""
+"""Section 6 of notebook 08: the memory formula against the peaks measured here, then what fits your GPU."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
+import torch
 
 from ... import results, train
-from ...capacity.lm_fits import METHOD_NAMES, fits_table
+from ...capacity.lm_fits import Fits, gpu_fits
 from ...capacity.lm_memory import lm_training_memory
 from ...config import RunConfig
-from ...display import number
 from ...env import profile
+from ...labresult import LabResult
 from ...messages import worded
 from ...models.language import LANGUAGE_MODELS
 from ...techniques.lora import ALL_LINEAR
@@ -45,16 +42,23 @@ def _estimate(run: RunConfig, vocab_size: int) -> int:
                               vocab_size=vocab_size if run.model in LANGUAGE_MODELS else None)["total"]
 
 
-def estimate_check(cfg: RunConfig, rank: int = MERGE_RANK, refresh: bool = False) -> pd.DataFrame:
-    """The formula's peak against the measured one for `check_configs` (cached runs).
+@dataclass
+class EstimateCheck(LabResult):
+    """The formula's peak against `labkit.fit`'s measured one: estimate_error is estimate / measured - 1."""
 
-    Args:
-        cfg: the workload. rank: the LoRA rank. refresh: run again.
+    shown = ("setup", "tokens_per_step", "estimate_bytes", "peak_memory_bytes", "estimate_error")
 
-    Returns:
-        DataFrame: setup, estimate_bytes, peak_memory_bytes (measured), estimate_error (estimate / measured - 1),
-        tokens_per_step (one micro-batch's).
-    """
+    @worded
+    def finding(self) -> str:
+        frame = self.frame
+        parts = ", ".join(f"{row.setup} {row.estimate_error:+.1%}" for row in frame.itertuples())
+        verdict = "within" if frame.estimate_error.abs().max() <= ESTIMATE_ERROR else "OUTSIDE"
+        return (f"The formula against the measured peak at {frame.tokens_per_step.iloc[0]:,} tokens a step: {parts}; "
+                f"{verdict} the ±{ESTIMATE_ERROR:.0%} it states.")
+
+
+def estimate_check(cfg: RunConfig, rank: int = MERGE_RANK, refresh: bool = False) -> EstimateCheck:
+    """The formula's peak against the measured one for `check_configs` (cached runs)."""
     runs = check_configs(cfg, rank)
     done = results.run_configs(runs.values(), refresh=refresh, progress=False)
     vocab = train.run_splits(cfg, training=False)["train"].tokenizer.vocab_size
@@ -64,44 +68,12 @@ def estimate_check(cfg: RunConfig, rank: int = MERGE_RANK, refresh: bool = False
         rows.append({"setup": label, "estimate_bytes": estimate, "peak_memory_bytes": result.peak_memory_bytes,
                      "estimate_error": estimate / result.peak_memory_bytes - 1 if result.peak_memory_bytes else None,
                      "tokens_per_step": run.seq_len * run.batch_size // run.grad_accum})
-    return pd.DataFrame(rows)
+    return EstimateCheck(pd.DataFrame(rows))
 
 
-@worded
-def estimate_finding(frame: pd.DataFrame) -> str:
-    """One line: how far the formula landed from each measured peak, against the error it states."""
-    worst = frame.estimate_error.abs().max()
-    parts = ", ".join(f"{row.setup} {row.estimate_error:+.1%}" for row in frame.itertuples())
-    verdict = "within" if worst <= ESTIMATE_ERROR else "OUTSIDE"
-    return (f"The formula against the measured peak at {frame.tokens_per_step.iloc[0]:,} tokens a step: {parts}; "
-            f"{verdict} the ±{ESTIMATE_ERROR:.0%} it states.")
-
-
-def gpu_table(gpu_bytes: int | None = None, seq_len: int = 512, micro_batch: int = 4) -> pd.DataFrame:
-    """`labkit.capacity.fits_table` for 0.1B to 7B models at ``seq_len`` x ``micro_batch``: T4 and your GPU.
-
-    Args:
-        gpu_bytes: your GPU's memory (None: this machine's, if it has one). seq_len, micro_batch: tokens per row,
-            rows per micro-batch (fp16 autocast, per-layer checkpointing, rank-16 adapters on every linear layer).
-    """
-    return fits_table(gpu_bytes, seq_len=seq_len, micro_batch=micro_batch)
-
-
-@worded
-def gpu_finding(table: pd.DataFrame, gpu_name: str | None = None) -> str:
-    """The largest model each method fits on your GPU (or on a T4, with no GPU here).
-
-    Args:
-        table: `gpu_table`'s. gpu_name: your GPU's name, for the line.
-    """
-    column, where = ("fits_t4", "a T4 (no GPU here)") if (table.fits_your_gpu == "no GPU").all() else (
-        "fits_your_gpu", gpu_name or "your GPU")
-    parts = []
-    for method in METHOD_NAMES.values():
-        rows = table[(table["method"] == method) & (table[column] == "yes")]
-        parts.append(f"{method} up to {rows.loc[rows.num_params.idxmax(), 'model']}" if len(rows) else
-                     f"{method}: none of these models")
-    largest = table[table.num_params == table.num_params.max()].set_index("method").total_bytes
-    return (f"On {where}: {'; '.join(parts)}. The largest here needs "
-            f"{number(largest[METHOD_NAMES['qlora']] / 2**30)} GiB with QLoRA and "
-            f"{number(largest[METHOD_NAMES['full']] / 2**30)} GiB fully fine-tuned.")
+def gpu_table(gpu_bytes: int | None = None, seq_len: int = 512, micro_batch: int = 4,
+              gpu_name: str | None = None) -> Fits:
+    """What fits a T4 and your GPU (``gpu_bytes``, ``gpu_name``; default: this machine's), model by model."""
+    if gpu_bytes is None and gpu_name is None and torch.cuda.is_available():
+        gpu_name = torch.cuda.get_device_name()
+    return gpu_fits(gpu_bytes, gpu_name, seq_len=seq_len, micro_batch=micro_batch)

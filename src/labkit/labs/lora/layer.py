@@ -1,9 +1,4 @@
-"""Section 1 of notebook 08: a LoRA layer as it is often copied from blog posts, run to show what goes wrong.
-
-`BlogLoRALayer` is kept wrong on purpose: no frozen base weight, A and B transposed against ``nn.Linear``'s
-(out, in), no ``alpha / rank`` scaling, A drawn from ``randn``. `blog_snippet_problems` runs it and measures each
-problem; the notebook explains them.
-"""
+"""Section 1 of notebook 08: a LoRA layer as it is often copied from blog posts, run to show what goes wrong."""
 
 from __future__ import annotations
 
@@ -14,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...labresult import LabResult
 from ...techniques.lora import LoRALinear
 from .base import ALPHA
 
@@ -35,20 +31,9 @@ def blog_snippet() -> str:
     return inspect.getsource(BlogLoRALayer)
 
 
-def _error_line(error: Exception) -> str:
-    return f"{type(error).__name__}: {str(error).splitlines()[0]}"
-
-
 def blog_snippet_problems(in_features: int = 128, out_features: int = 384, rank: int = 4,
-                          alpha: float = ALPHA) -> pd.DataFrame:
-    """Run `BlogLoRALayer` and measure each of its four problems (columns ``problem``, ``what_happens``).
-
-    Args:
-        in_features, out_features: the layer's shape. rank: the adapters' rank. alpha: a correct layer's alpha.
-
-    Example:
-        >>> blog_snippet_problems()
-    """
+                          alpha: float = ALPHA) -> LabResult:
+    """Run `BlogLoRALayer` and measure each of its four problems (columns ``problem``, ``what_happens``)."""
     torch.manual_seed(0)
     x = torch.randn(4, in_features)
     blog = BlogLoRALayer(in_features, out_features, rank)
@@ -56,16 +41,16 @@ def blog_snippet_problems(in_features: int = 128, out_features: int = 384, rank:
         blog(x)
         happened = "it ran"
     except AttributeError as error:
-        happened = _error_line(error)
+        happened = f"{type(error).__name__}: {str(error).splitlines()[0]}"
     good = LoRALinear(nn.Linear(in_features, out_features), rank, alpha)
-    ratio = 1 / good.scaling  # the blog layer's update against the same update scaled by alpha / rank
     a_std = float(blog.A.detach().std())
-    a_times = a_std / float(good.lora_A.detach().std())
     rows = [("1. no base weight", happened),
             ("2. A, B transposed", _merge_transposed(rank)),
-            ("3. no alpha / rank", f"the update is {ratio:.3g}x the scaled one (alpha / rank = {alpha / rank:g})"),
-            ("4. A from randn", f"A's std is {a_std:.2f}, {a_times:.0f}x nn.Linear's")]
-    return pd.DataFrame(rows, columns=["problem", "what_happens"])
+            ("3. no alpha / rank", f"the update is {1 / good.scaling:.3g}x the scaled one (alpha / rank = "
+                                   f"{alpha / rank:g})"),
+            ("4. A from randn", f"A's std is {a_std:.2f}, {a_std / float(good.lora_A.detach().std()):.0f}x "
+                                "nn.Linear's")]
+    return LabResult(pd.DataFrame(rows, columns=["problem", "what_happens"]))
 
 
 def _merge_transposed(rank: int) -> str:

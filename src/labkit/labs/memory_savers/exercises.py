@@ -22,12 +22,6 @@ EXERCISES.add(Exercise(
 ))
 
 
-def _forgot_block_scales(value: float, expected: float) -> str | None:
-    if math.isclose(value, 2.0):
-        return "the two 1-byte moments are right; add the fp32 scale stored for every block of values"
-    return None
-
-
 EXERCISES.add(Exercise(
     name="03.eight_bit_bytes",
     template=("bitsandbytes' 8-bit AdamW stores each of its two moments as 1 byte per value, plus one float32 "
@@ -37,7 +31,8 @@ EXERCISES.add(Exercise(
     solution="2 * (1 + 4 / block)",
     hint="per moment: 1 byte + 4 bytes / block size; there are two moments",
     rel_tol=0.001,
-    diagnose=_forgot_block_scales,
+    diagnose=lambda value, expected: ("the two 1-byte moments are right; add the fp32 scale stored for every block "
+                                      "of values") if math.isclose(value, 2.0) else None,
 ))
 
 
@@ -56,11 +51,7 @@ EXERCISES.add(Exercise(
 
 
 def checkpointed_forward_solution(blocks, x):
-    """Run ``blocks`` (an nn.Sequential) on ``x``, each block under a checkpoint.
-
-    Args:
-        blocks: an nn.Sequential. x: its input.
-    """
+    """Run ``blocks`` (an nn.Sequential) on ``x``, each block under a checkpoint."""
     from torch.utils.checkpoint import checkpoint
 
     for block in blocks:

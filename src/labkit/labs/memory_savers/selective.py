@@ -1,5 +1,4 @@
-"""Section 2 of notebook 03, selective checkpointing: ways of running a block (plain, checkpointed, with a
-policy that saves some operations' outputs), measured on a stack of transformer-style MLP blocks."""
+"""Section 2 of notebook 03: ways of checkpointing a block, measured on a stack of MLP blocks."""
 
 from __future__ import annotations
 
@@ -10,28 +9,21 @@ from torch import nn
 from ... import measure
 from ...display import number
 from ...errors import ConfigError
+from ...labresult import LabResult
+from ...measure import Measured, compare
 from ...messages import worded
 from ...units import mib
-from ._shared import timing_noise
 
 
 def mlp_blocks(seed: int = 0, width: int = 256, depth: int = 4) -> nn.Sequential:
-    """``depth`` MLP blocks (Linear, GELU, Linear: a transformer's feed-forward part) as an nn.Sequential.
-
-    Args:
-        seed: for the weights. width: the blocks' input and output features (4 x width inside). depth: blocks.
-    """
+    """``depth`` transformer-style MLP blocks (Linear, GELU, Linear; 4 x ``width`` inside), seeded."""
     torch.manual_seed(seed)
     return nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
                            for _ in range(depth)])
 
 
 def activation_peak(blocks: nn.Module, forward, x: torch.Tensor) -> tuple[int, list[torch.Tensor], torch.Tensor]:
-    """Peak activation bytes of ``forward(blocks, x)`` and its backward (MemTracker), the gradients and the output.
-
-    Args:
-        blocks: the model. forward: ``forward(blocks, x)``. x: the input.
-    """
+    """Peak activation bytes of ``forward(blocks, x)`` and its backward (MemTracker), the gradients and the output."""
     blocks.zero_grad(set_to_none=True)
     holder = {}
 
@@ -47,21 +39,23 @@ def activation_peak(blocks: nn.Module, forward, x: torch.Tensor) -> tuple[int, l
     return breakdown.peak_by_category.get("activations", 0), grads, holder["out"]
 
 
+class Variants(LabResult):
+    shown = ("variant", "activation_bytes", "activation_ratio", "flops_ratio", "step_time_s", "max_grad_diff")
+
+    @worded
+    def finding(self) -> str:
+        base = self.frame.iloc[0]
+        parts = [f"{row['variant']} {number(row['activation_ratio'])}x the activations, "
+                 f"{number(row['flops_ratio'])}x the FLOPs, time "
+                 f"{compare(Measured.row(row, 'step_time_s'), Measured.row(base, 'step_time_s'), ('faster', 'slower'))}"
+                 for _, row in self.frame.iloc[1:].iterrows()]
+        return (f"Against {base['variant']} ({mib(base['activation_bytes'], '.3g')} of activations): "
+                + "; ".join(parts) + ".")
+
+
 def checkpoint_variants(variants: dict, width: int = 256, depth: int = 4, batch_size: int = 512,
-                        repeats: int = 5) -> pd.DataFrame:
-    """Each way of running a block, on `mlp_blocks`: activations, FLOPs, time, and the gradients' difference.
-
-    Args:
-        variants: name -> ``run(block, x)``; the first is the baseline the ratios compare with.
-        width, depth: the blocks' size. batch_size: rows of the input. repeats: timed forward + backward passes.
-
-    Returns:
-        A frame: ``variant``, ``activation_bytes``, ``flops``, ``step_time_s`` (median) with ``step_time_p10_s``
-        and ``step_time_p90_s``, ``activation_ratio``, ``flops_ratio``, ``time_ratio``, ``max_grad_diff``.
-
-    Example:
-        >>> checkpoint_variants({"plain": lambda b, x: b(x), "selective": my_selective})
-    """
+                        repeats: int = 5) -> Variants:
+    """Each way of running a block (name -> ``run(block, x)``) on `mlp_blocks`, against the first."""
     if not variants or not all(callable(v) for v in variants.values()):
         raise ConfigError("variants", variants, "a dict of name -> run(block, x) functions")
     blocks = mlp_blocks(width=width, depth=depth)
@@ -77,7 +71,7 @@ def checkpoint_variants(variants: dict, width: int = 256, depth: int = 4, batch_
         flops = measure.count_flops(lambda: forward(blocks, x).square().mean().backward())
         blocks.zero_grad(set_to_none=True)
         timer = measure.StepTimer(x.device)
-        for index in range(repeats + 1):
+        for index in range(repeats + 1):  # the first pass warms up
             if index:
                 timer.start()
             forward(blocks, x).square().mean().backward()
@@ -90,23 +84,7 @@ def checkpoint_variants(variants: dict, width: int = 256, depth: int = 4, batch_
         rows.append({"variant": name, "activation_bytes": act, "flops": flops, "step_time_s": median,
                      "step_time_p10_s": p10, "step_time_p90_s": p90, "max_grad_diff": diff})
     frame = pd.DataFrame(rows)
-    base = frame.iloc[0]
     for column, key in (("activation_ratio", "activation_bytes"), ("flops_ratio", "flops"),
                         ("time_ratio", "step_time_s")):
-        frame[column] = frame[key] / base[key]
-    return frame
-
-
-@worded
-def variants_finding(frame: pd.DataFrame) -> str:
-    """Each variant's activations, FLOPs and (where beyond the noise) time against the first, in one line."""
-    base = frame.iloc[0]
-    parts = []
-    for _, row in frame.iloc[1:].iterrows():
-        noise = timing_noise(row, base)
-        time = f"time {number(row['time_ratio'])}x"
-        time = {"outside": time, "within": "time within the noise"}.get(noise.split()[0], f"{time} ({noise})")
-        parts.append(f"{row['variant']} {number(row['activation_ratio'])}x the activations, "
-                     f"{number(row['flops_ratio'])}x the FLOPs, {time}")
-    start = f"Against {base['variant']} ({mib(base['activation_bytes'], '.3g')} of activations): "
-    return start + "; ".join(parts) + "."
+        frame[column] = frame[key] / frame[key].iloc[0]
+    return Variants(frame)

@@ -76,7 +76,7 @@ def amp_step_solution(model, images, labels, optimizer, scaler, dtype, max_norm=
     return loss.detach()
 
 
-def _diagnose_step(name: str, comparison, precision: str) -> str | None:
+def _diagnose_step(comparison, precision: str) -> str | None:
     if comparison.engine_steps != comparison.plain_steps:
         return (f"optimizer.step() ran {comparison.plain_steps} times in your step, {comparison.engine_steps} in the "
                 "engine's. Hint: step through the scaler, scaler.step(optimizer), once per step")
@@ -94,23 +94,19 @@ def _check_amp_step(amp_step) -> str:
     env = env_report()
     # A GPU before Ampere may refuse bf16 kernels outright: there only fp16 can be compared.
     precisions = ("fp16", "bf16") if env["device"] != "cuda" or env["bf16"] else ("fp16",)
+    step = functools.partial(amp_step, max_norm=1.0)
     for precision in precisions:
-        step = functools.partial(amp_step, max_norm=1.0)
-        comparison = compare_step(step, exercise_config(precision=precision, grad_clip=1.0))
-        problem = _diagnose_step("01.amp_step", comparison, precision)
+        problem = _diagnose_step(compare_step(step, exercise_config(precision=precision, grad_clip=1.0)), precision)
         if problem:
             raise WrongAnswer(f"01.amp_step: {problem}")
     # A scale of 2**40 overflows fp16 gradients: the engine skips that step, and so must yours.
-    overflow = compare_step(functools.partial(amp_step, max_norm=1.0), exercise_config(precision="fp16", grad_clip=1.0),
-                            steps=1, init_scale=2.0**40)
-    if overflow.plain_steps:
+    if compare_step(step, exercise_config(precision="fp16", grad_clip=1.0), steps=1, init_scale=2.0**40).plain_steps:
         raise WrongAnswer("01.amp_step: with fp16 gradients that overflowed (inf), your step still stepped the "
                           "optimizer, and the weights became inf/NaN. Hint: step through the scaler, "
                           "scaler.step(optimizer): it skips the step when a gradient is not finite")
     done = "In fp16 (with a GradScaler) and in bf16 (its scaler disabled)" if len(precisions) == 2 else "In fp16"
-    return (f"{done}, two steps of your function gave the "
-            "optimizer the same gradients as labkit's Trainer.step, clipped to 1.0, and it skipped a step whose "
-            "gradients overflowed.")
+    return (f"{done}, two steps of your function gave the optimizer the same gradients as labkit's Trainer.step, "
+            "clipped to 1.0, and it skipped a step whose gradients overflowed.")
 
 
 EXERCISES.add(CodeExercise(

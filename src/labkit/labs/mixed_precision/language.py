@@ -1,55 +1,48 @@
-"""Section 9 of notebook 01: mixed precision on a language model, and the fp16-weights pitfall learners hit on a T4.
-
-`lm_compare` runs `labkit.workloads.lm_speed_config` (the profile's Llama on packed pydoc_text) in fp32 and in the
-machine's low precision (bf16 where native, fp16 + GradScaler on a T4): tokens/s, step time and its spread, peak
-memory and activations. `fp16_weights_pitfall` trains one step of a model whose weights were loaded in fp16 under
-fp16 autocast with a GradScaler, as a T4 learner often does, catches the error, and trains the same step again with
-the trainable weights in float32.
-"""
+"""Notebook 01, section 8: mixed precision on a language model, and the fp16-weights pitfall learners hit on a T4."""
 
 from __future__ import annotations
 
-import pandas as pd
+from dataclasses import dataclass
+
 import torch
 
-from ... import text
+from ...config import RunConfig
 from ...messages import worded
-from ...models import build_language_model
+from ...runsetup import set_up
 from ...techniques.precision import autocast, grad_scaler, resolve_precision
 from ...techniques.token_loss import forward_inputs, token_loss_sum
 from ...units import change_between
 from ...workloads import lm_speed_config
-from .comparison import compare, low_setup, speed_phrase, table
+from .comparison import SetupRuns, compare, setup_label, speed_phrase
 
 
-def lm_compare(low: str, refresh: bool = False, **fields) -> pd.DataFrame:
-    """fp32 against ``low`` on the profile's language model (cached runs); `table`'s frame with tokens/s.
+@dataclass
+class LanguageModel(SetupRuns):
+    """fp32 against ``low`` on the profile's language model."""
 
-    Args:
-        low: ``bf16`` or ``fp16`` (`labkit.techniques.precision.low_precision_for`).
-        refresh: train again. fields: `lm_speed_config` fields (e.g. ``batch_size=8``).
+    shown = ("setup", "model", "step_time_s", "tokens_per_s", "peak_memory_bytes", "mem_activations_bytes")
+    low: str = "bf16"
 
-    Example:
-        >>> lm_compare("bf16")[["setup", "tokens_per_s", "peak_memory_bytes"]]
-    """
-    setups = {"fp32": {"precision": "fp32", "tf32": False}, low_setup(low): {"precision": low, "tf32": False}}
-    return table(compare(lm_speed_config(**fields), setups, refresh=refresh, progress=False))
-
-
-@worded
-def lm_finding(frame: pd.DataFrame, low: str) -> str:
-    """One line: the low precision's speed against fp32's (real only outside the noise), tokens/s and memory."""
-    rows = {row["setup"]: row for _, row in frame.iterrows()}
-    base, row = rows["fp32"], rows[low_setup(low)]
-    if isinstance(row.get("error"), str):
-        return f"{low_setup(low)} did not run on {base['model']}: {row['error']}"
-    return (f"On {base['model']}: {low_setup(low)} ran {speed_phrase(row, base)}, {row['tokens_per_s']:,.0f} "
-            f"tokens/s against {base['tokens_per_s']:,.0f}; peak memory "
-            f"{change_between(row['peak_memory_bytes'], base['peak_memory_bytes'])}, activations "
-            f"{change_between(row['mem_activations_bytes'], base['mem_activations_bytes'])}.")
+    @worded
+    def finding(self) -> str:
+        rows = {row["setup"]: row for _, row in self.frame.iterrows()}
+        base, row = rows["fp32"], rows[setup_label(self.low)]
+        if isinstance(row.get("error"), str):
+            return f"{setup_label(self.low)} did not run on {base['model']}: {row['error']}"
+        return (f"On {base['model']}: {setup_label(self.low)} ran {speed_phrase(row, base)}, "
+                f"{row['tokens_per_s']:,.0f} tokens/s against {base['tokens_per_s']:,.0f}; peak memory "
+                f"{change_between(row['peak_memory_bytes'], base['peak_memory_bytes'])}, activations "
+                f"{change_between(row['mem_activations_bytes'], base['mem_activations_bytes'])}.")
 
 
-def _one_step(model: torch.nn.Module, batch: text.TokenBatch, device: torch.device) -> float:
+def lm_compare(low: str, refresh: bool = False, **fields) -> LanguageModel:
+    """fp32 against ``low`` on `labkit.workloads.lm_speed_config` (``fields`` override it), cached."""
+    setups = {"fp32": {"precision": "fp32", "tf32": False}, setup_label(low): {"precision": low, "tf32": False}}
+    return LanguageModel(compare(lm_speed_config(**fields), setups=setups, refresh=refresh, progress=False).frame,
+                         low=low)
+
+
+def _one_step(model: torch.nn.Module, batch, device: torch.device) -> float:
     precision = resolve_precision("fp16", device)
     scaler = grad_scaler(precision, device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
@@ -62,26 +55,17 @@ def _one_step(model: torch.nn.Module, batch: text.TokenBatch, device: torch.devi
 
 
 def fp16_weights_pitfall(model_name: str = "tiny_llama", device: str = "cpu") -> dict:
-    """One fp16-autocast step with a GradScaler on a model loaded in fp16, then on the same model in float32.
-
-    Args:
-        model_name: a labkit Llama (random weights). device: where to run (a CPU runs fp16 autocast too).
-
-    Returns:
-        dict: ``error`` (what the fp16-weights step raised, None if it did not), ``fixed_loss`` (the float32-weights
-        step's loss), ``trainable_dtype`` (the fp16 model's trainable parameters' dtype).
-    """
-    device = torch.device(device)
-    torch.manual_seed(0)
-    split = text.load_text_splits("digits_sort", 8, 1, 1, seq_len=32)["train"]
-    batch = text.collate([split[i] for i in range(8)]).to(device)
-    model = build_language_model(model_name, split.tokenizer.vocab_size, pretrained=False)[0].to(device)
-    loaded_in_fp16 = model.half()  # what from_pretrained(..., torch_dtype=torch.float16) gives
+    """One fp16-autocast step with a GradScaler on a model loaded in fp16, then on the same model in float32:
+    ``error`` (what the first raised, or None), ``fixed_loss``, ``trainable_dtype`` (of the fp16 model)."""
+    s = set_up(RunConfig(model=model_name, dataset="digits_sort", pretrained=False, batch_size=8, train_size=8,
+                         seq_len=32, device=device, seed=0))
+    batch = s.batch()
+    loaded_in_fp16 = s.model.half()  # what from_pretrained(..., torch_dtype=torch.float16) gives
     trainable_dtype = str(next(p.dtype for p in loaded_in_fp16.parameters() if p.requires_grad))
     error = None
     try:
-        _one_step(loaded_in_fp16, batch, device)
+        _one_step(loaded_in_fp16, batch, s.device)
     except ValueError as exc:  # GradScaler: "Attempting to unscale FP16 gradients."
         error = str(exc)
-    fixed_loss = _one_step(loaded_in_fp16.float(), batch, device)  # trainable weights in float32, autocast in fp16
+    fixed_loss = _one_step(loaded_in_fp16.float(), batch, s.device)  # float32 trainable weights, fp16 autocast
     return {"error": error, "fixed_loss": fixed_loss, "trainable_dtype": trainable_dtype}

@@ -10,11 +10,12 @@ from ... import measure, results, train
 from ...config import RunConfig
 from ...env import env_report, profile
 from ...errors import ConfigError
+from ...inference import accuracy, example_batch, latencies
 from ...messages import wrap
 from ...techniques import pruning
 from ...validate import is_int
 from .channels import recover
-from .common import accuracy, example_batch, fine_tuned, latencies, nonzero_params
+from .common import fine_tuned, nonzero_params
 
 METHODS = ("unstructured", "structured")
 
@@ -37,12 +38,9 @@ class PruneRun:
     warnings: list = field(default_factory=list)
 
     def to_row(self) -> dict:
-        """The run as one row of the panel's table, with ``seed`` and ``params_removed``."""
+        """The run as one row of the panel's table; ``params_removed``: channels removed or weights zeroed."""
         row = {k: v for k, v in asdict(self).items() if k not in ("config", "warnings")}
-        row["seed"] = self.config.get("seed")
-        # Params removed: channels removed (structured) or weights zeroed (unstructured), as one axis.
-        row["params_removed"] = 1 - self.nonzero_params / self.dense_params
-        return row
+        return {**row, "seed": self.config.get("seed"), "params_removed": 1 - self.nonzero_params / self.dense_params}
 
     def __str__(self) -> str:
         return wrap(f"{self.method} at {self.amount:.0%}, {self.recovery_steps} recovery steps: {self.sparsity:.0%} "
@@ -52,16 +50,8 @@ class PruneRun:
 
 def panel_run(cfg: RunConfig, method: str = "unstructured", amount: float = 0.5, recovery_steps: int = 0,
               on_step=None, progress: bool = False) -> PruneRun:
-    """Prune the fine-tuned model of ``cfg``, fine-tune it ``recovery_steps`` steps (0: none), and measure it.
-
-    Args:
-        cfg: the fine-tune.
-        method: ``unstructured`` (masks kept while recovering) or ``structured``.
-        amount: the share pruned.
-        recovery_steps: 0, or more than the run's untimed steps.
-        on_step: called after each recovery step.
-        progress: show a progress bar.
-    """
+    """Prune the fine-tuned model of ``cfg`` (unstructured: masks kept while recovering), fine-tune it
+    ``recovery_steps`` steps (0: none), and measure it."""
     if method not in METHODS:
         raise ConfigError("method", method, f"one of {list(METHODS)}")
     amount = pruning.check_amount(amount)
@@ -89,11 +79,7 @@ def panel_run(cfg: RunConfig, method: str = "unstructured", amount: float = 0.5,
 
 
 def panel_estimate(cfg: RunConfig) -> str | None:
-    """The panel's time line: from the cached fine-tune of ``cfg`` (None, "no estimate", when it is not cached).
-
-    Args:
-        cfg: the fine-tune the panel prunes.
-    """
+    """The panel's time line, from the cached fine-tune of ``cfg`` (None when it is not cached)."""
     key = results.cache_key(cfg, env_report(cfg.device))
     path = results.results_dir() / f"{key}.json"
     if not path.exists() or not (results.results_dir() / f"{key}.pt").exists():

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import copy
-import math
 import statistics
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 from torch import nn
 
-from ... import data, measure
+from ... import data
 from ...config import RunConfig
 from ...env import profile
 from ...errors import ConfigError
+from ...inference import _splits
+from ...labresult import LabResult
+from ...measure import compare
 from ...messages import worded
 from ...techniques import pruning
 from ...validate import is_int
-from .common import _splits, fine_tuned, points
+from .common import fine_tuned, points
 
 # Random seeds of the repeated fine-tunes. Two give a spread, the least a check needs (`ci`); three to read it.
 REPEAT_SEEDS = {"ci": (0, 1), "quick": (0, 1, 2), "full": (0, 1, 2)}
@@ -40,21 +43,38 @@ def _predictions(model: nn.Module, cfg: RunConfig) -> torch.Tensor:
     return torch.cat(right)
 
 
+@dataclass
+class Repeats(LabResult):
+    """Per amount, the change in test accuracy over seeds (``frame``); ``runs``: one row per seed and amount."""
+
+    shown = ("amount", "accuracy_change", "rose", "seeds", "gained", "lost")
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @classmethod
+    def of(cls, runs: pd.DataFrame) -> Repeats:
+        rows = [{"amount": amount, "accuracy_change": statistics.mean(group.delta),
+                 "change_std": statistics.stdev(group.delta) if len(group) > 1 else 0.0,
+                 "rose": int((group.delta > 0).sum()), "seeds": len(group),
+                 "gained": int(group.gained.sum()), "lost": int(group.lost.sum())}
+                for amount, group in runs.groupby("amount")]
+        return cls(pd.DataFrame(rows), runs=runs)
+
+    @worded
+    def finding(self) -> str:
+        best = self.frame.loc[self.frame.accuracy_change.idxmax()]
+        at_best = self.runs[self.runs.amount == best.amount]
+        c = compare(list(at_best.test_accuracy), list(at_best.unpruned_accuracy))
+        verdict = "possibly real, worth more seeds." if c.direction == 1 else "no rise beyond chance."
+        return (f"Over {self.runs.seed.nunique()} seeds x {len(self.frame)} amounts, accuracy rose in "
+                f"{int((self.runs.delta > 0).sum())} of {len(self.runs)} cases; the best mean change, "
+                f"{points(best.accuracy_change, sign=True, digits=2)} at {best.amount:.0%}: pruned against unpruned "
+                f"over seeds {c}, {verdict}")
+
+
 def repeats(cfg: RunConfig, seeds: Iterable[int] | None = None, amounts: Iterable[float] = RISE_AMOUNTS,
-            scope: str = "global") -> pd.DataFrame:
-    """Fine-tune once per random seed, prune each at every amount, and compare with that seed's unpruned model.
-
-    Args:
-        cfg: the fine-tune.
-        seeds: its random seeds (default: the profile's `REPEAT_SEEDS`).
-        amounts: shares of weights to prune.
-        scope: ``global`` or ``layer``.
-
-    Returns:
-        Rows ``seed``, ``amount``, ``test_accuracy``, ``unpruned_accuracy``, ``delta`` (pruned - unpruned, same
-        seed), ``gained`` / ``lost`` (test images the pruned model gets right / wrong that the unpruned one got
-        wrong / right).
-    """
+            scope: str = "global") -> Repeats:
+    """Fine-tune once per random seed (default: the profile's `REPEAT_SEEDS`), prune each at every amount, and
+    compare with that seed's unpruned model; ``gained``/``lost``: test images it now gets right/wrong."""
     seeds = list(REPEAT_SEEDS[profile().name] if seeds is None else seeds)
     if len(set(seeds)) < 2 or not all(is_int(s) and s >= 0 for s in seeds):
         raise ConfigError("seeds", seeds, "at least two different seeds (integers >= 0): a spread needs repeats")
@@ -69,46 +89,4 @@ def repeats(cfg: RunConfig, seeds: Iterable[int] | None = None, amounts: Iterabl
                          "unpruned_accuracy": float(right.float().mean()),
                          "delta": float(now.float().mean() - right.float().mean()),
                          "gained": int((now & ~right).sum()), "lost": int((~now & right).sum())})
-    return pd.DataFrame(rows)
-
-
-def rise_summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per amount, the change in test accuracy over seeds: its mean, its spread, and the images gained and lost.
-
-    Args:
-        frame: `repeats`' rows.
-
-    Returns:
-        Rows ``amount``, ``accuracy_change`` (mean over seeds), ``change_std`` (standard deviation between
-        seeds), ``rose`` (seeds where it rose), ``seeds``, ``gained``, ``lost`` (images, summed).
-    """
-    rows = []
-    for amount, group in frame.groupby("amount"):
-        deltas = list(group.delta)
-        rows.append({"amount": amount, "accuracy_change": statistics.mean(deltas),
-                     "change_std": statistics.stdev(deltas) if len(deltas) > 1 else 0.0,
-                     "rose": int((group.delta > 0).sum()), "seeds": len(group),
-                     "gained": int(group.gained.sum()), "lost": int(group.lost.sum())})
-    return pd.DataFrame(rows)
-
-
-@worded
-def rise_finding(frame: pd.DataFrame) -> str:
-    """One line from `repeats`' rows: does the best mean rise stand out from the spread between seeds?
-
-    Args:
-        frame: `repeats`' rows.
-    """
-    summary = rise_summary(frame)
-    n = frame.seed.nunique()
-    noise = measure.accuracy_noise(frame.unpruned_accuracy.mean(), profile().test_size)
-    best = summary.loc[summary.accuracy_change.idxmax()]
-    real = best.accuracy_change > 2 * best.change_std / math.sqrt(n) and best.accuracy_change > noise / 2
-    text = (f"Over {n} seeds x {len(summary)} amounts, accuracy rose in {int((frame.delta > 0).sum())} of "
-            f"{len(frame)} cases; the best mean change, {points(best.accuracy_change, sign=True, digits=2)} at "
-            f"{best.amount:.0%}, ")
-    if real:
-        return text + (f"exceeds twice its standard error ({points(best.change_std, digits=2)} between seeds) and half "
-                       f"the test noise ({points(noise)}): possibly real, worth more seeds.")
-    return text + (f"does not stand out from the spread between seeds ({points(best.change_std, digits=2)}) and the "
-                   f"test noise ({points(noise)}): chance.")
+    return Repeats.of(pd.DataFrame(rows))

@@ -13,39 +13,75 @@ from torch import nn
 
 from ... import machine, measure
 from ...config import RunConfig
-from ...env import Profile, profile, resolve_device
+from ...env import profile, resolve_device
 from ...errors import ConfigError
-from ...messages import worded, wrap
+from ...inference import LATENCY_BATCH, accuracy
+from ...labresult import LabResult
+from ...measure import Measured, compare
+from ...messages import worded
 from ...techniques import pruning
-from .common import LATENCY_BATCH, accuracy, fine_tuned, latencies_with_band
+from .common import fine_tuned, timed
 
 STORAGE_SPARSITIES = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)
 
 
 def largest_layer(model: nn.Module) -> str:
-    """The prunable layer with the most weights (where storage format matters most).
-
-    Args:
-        model: the model.
-    """
+    """The prunable layer with the most weights (where storage format matters most)."""
     return max(pruning.prunable_layers(model), key=lambda item: item[1].weight.numel())[0]
 
 
+@dataclass
+class SparseStorage(LabResult):
+    """`sparse_storage`'s rows, one per sparsity: bytes per layout and the matmul times."""
+
+    shown = ("sparsity", "dense_bytes", "coo_bytes", "csr_bytes", "dense_matmul_s", "csr_matmul_s")
+
+    def break_even(self, column: str) -> float | None:
+        """The lowest sparsity at which ``column`` beats dense (a ``*_matmul_s`` time: faster beyond the noise)."""
+        if column.endswith("_s"):
+            wins = [compare(Measured.row(row, column), Measured.row(row, "dense_matmul_s")).direction == -1
+                    for _, row in self.frame.iterrows()]
+        else:
+            wins = self.frame[column] < self.frame["dense_file_bytes" if "_file_" in column else "dense_bytes"]
+        won = self.frame.sparsity[list(wins)]
+        return float(won.min()) if len(won) else None
+
+    def predicted(self) -> dict:
+        """The break-even sparsities a float32 weight's bytes per nonzero predict: COO a value and an 8-byte index
+        per dimension, CSR (as a matrix) a value and a column index."""
+        ndim = len(str(self.frame.weight_shape.iloc[0]).split("x"))
+        return {"coo_predicted": 1 - 4 / (4 + 8 * ndim), "csr_predicted": 1 - 4 / (4 + 8), "ndim": ndim}
+
+    def long(self, what: str = "bytes") -> pd.DataFrame:
+        """One row per layout, to draw a line each: ``bytes`` (dense, COO, CSR) or ``time`` (the matmul: dense, CSR)."""
+        if what not in ("bytes", "time"):
+            raise ConfigError("what", what, "'bytes' (storage in memory) or 'time' (matmul time)")
+        layouts, column, source = ((pruning.LAYOUTS, "weight_bytes", "{}_bytes") if what == "bytes"
+                                   else (("dense", "csr"), "matmul_s", "{}_matmul_s"))
+        return pd.DataFrame([{"sparsity": row.sparsity, "layout": layout, column: row[source.format(layout)]}
+                             for _, row in self.frame.iterrows() for layout in layouts])
+
+    @worded
+    def finding(self) -> str:
+        predicted = self.predicted()
+        parts = []
+        for fmt in ("coo", "csr"):
+            measured = self.break_even(f"{fmt}_bytes")
+            where = f"from {measured:.0%} zeros" if measured is not None else "at no sparsity measured"
+            parts.append(f"{fmt.upper()} took fewer bytes than dense {where} "
+                         f"(predicted {predicted[f'{fmt}_predicted']:.0%})")
+        top = self.frame.sort_values("sparsity").iloc[-1]
+        speed = self.break_even("csr_matmul_s")
+        at_top = compare(Measured.row(top, "csr_matmul_s"), Measured.row(top, "dense_matmul_s"), ("faster", "slower"))
+        since = f"faster from {speed:.0%} zeros on" if speed is not None else "never faster"
+        first = f"{self.frame.layer.iloc[0]} ({self.frame.weight_shape.iloc[0]})"
+        return f"{first}: " + "; ".join(parts) + f"; the CSR matmul {since}, at {top.sparsity:.0%} {at_top}."
+
+
 def sparse_storage(cfg: RunConfig, sparsities: Iterable[float] = STORAGE_SPARSITIES, layer: str | None = None,
-                   batch_size: int = LATENCY_BATCH) -> pd.DataFrame:
-    """The largest weight of the fine-tuned model, pruned to each sparsity and stored dense, as COO and as CSR.
-
-    Args:
-        cfg: the fine-tune.
-        sparsities: the shares of zeros.
-        layer: the weight (default: the largest).
-        batch_size: the matmul's input columns are ``batch_size`` x 16 (a conv's im2col product at 4x4 pixels).
-
-    Returns:
-        Rows ``sparsity``, ``{dense,coo,csr}_bytes`` (in memory), ``{...}_file_bytes`` (``torch.save``), and the
-        CPU matmul times timed in turns: ``dense_matmul_s``, ``csr_matmul_s`` (medians) and the dense one's
-        ``dense_matmul_p10_s`` / ``dense_matmul_p90_s`` (its call-to-call spread).
-    """
+                   batch_size: int = LATENCY_BATCH) -> SparseStorage:
+    """The largest weight of the fine-tuned model pruned to each sparsity, stored dense, as COO and as CSR; its CPU
+    matmul (``batch_size`` x 16 input columns: a conv's im2col at 4x4 pixels) dense and as CSR, timed in turns."""
     model, _ = fine_tuned(cfg)
     name = layer or largest_layer(model)
     layers = dict(pruning.prunable_layers(model))
@@ -53,121 +89,44 @@ def sparse_storage(cfg: RunConfig, sparsities: Iterable[float] = STORAGE_SPARSIT
         raise ConfigError("layer", name, f"a prunable layer ({', '.join(layers)})")
     weight = layers[name].weight.detach().cpu()
     matrix_inputs = torch.randn(weight[0].numel(), batch_size * 16)
-    prof = profile()
     rows = []
     for s in sparsities:
         s = pruning.check_amount(s, "sparsities")
-        layer_copy = nn.Linear(1, 1)  # a holder for torch's own L1 rule on this weight
-        layer_copy.weight = nn.Parameter(weight.clone())
-        pruning.prune.l1_unstructured(layer_copy, "weight", amount=s)
-        w = layer_copy.weight.detach()
+        holder = nn.Linear(1, 1)  # a holder for torch's own L1 rule on this weight
+        holder.weight = nn.Parameter(weight.clone())
+        pruning.prune.l1_unstructured(holder, "weight", amount=s)
+        w = holder.weight.detach()
         dense, csr = w.reshape(w.shape[0], -1).contiguous(), pruning.to_csr(w)
-        dense_t, csr_t = _in_turns([lambda d=dense: d @ matrix_inputs, lambda c=csr: c @ matrix_inputs], prof)
+        times = _in_turns({"dense": lambda d=dense: d @ matrix_inputs, "csr": lambda c=csr: c @ matrix_inputs})
         rows.append({"layer": name, "weight_shape": "x".join(map(str, weight.shape)), "sparsity": s,
                      "measured_sparsity": float((w == 0).float().mean()),
                      **{f"{layout}_bytes": pruning.sparse_bytes(w, layout) for layout in pruning.LAYOUTS},
                      **{f"{layout}_file_bytes": pruning.sparse_bytes(w, layout, saved=True)
-                        for layout in pruning.LAYOUTS},
-                     "dense_matmul_s": dense_t[0], "dense_matmul_p10_s": dense_t[1], "dense_matmul_p90_s": dense_t[2],
-                     "csr_matmul_s": csr_t[0]})
-    return pd.DataFrame(rows)
+                        for layout in pruning.LAYOUTS}, **times})
+    return SparseStorage(pd.DataFrame(rows))
 
 
-def _in_turns(calls: list, prof: Profile) -> list[tuple[float, float, float]]:
-    """(median, p10, p90) of each CPU call's time, timed in turns (one call of each, round after round)."""
-    for call in calls:
+def _in_turns(calls: dict) -> dict:
+    """Each CPU call's median, p10 and p90 time (``<name>_matmul_s``, ``_p10_s``, ``_p90_s``), timed in turns."""
+    for call in calls.values():
         call()  # warm-up
-    times: list[list[float]] = [[] for _ in calls]
-    # A quarter of the profile's repeats, at least 5: at `full` the matrix is a ResNet's largest conv (2.4M weights),
-    # and a dense CPU product of it takes a good fraction of a second.
-    for _ in range(max(5, prof.repeats // 4)):
-        for call, collected in zip(calls, times, strict=True):
+    times = {name: [] for name in calls}
+    # A quarter of the profile's repeats, at least 5: at `full` a dense CPU product of a ResNet's largest conv
+    # takes a good fraction of a second.
+    for _ in range(max(5, profile().repeats // 4)):
+        for name, call in calls.items():
             start = time.perf_counter()
             call()
-            collected.append(time.perf_counter() - start)
-    return [measure.spread(t) for t in times]
-
-
-def break_even(frame: pd.DataFrame, column: str) -> float | None:
-    """The lowest sparsity at which ``column`` beats dense; for a time, below the dense one's 10th percentile.
-
-    Args:
-        frame: `sparse_storage`'s rows.
-        column: ``coo_bytes``, ``csr_bytes``, ``coo_file_bytes``, ``csr_file_bytes`` or ``csr_matmul_s``.
-    """
-    if column.endswith("_s"):
-        dense = "dense_matmul_p10_s"
-    else:
-        dense = "dense_file_bytes" if column.endswith("_file_bytes") else "dense_bytes"
-    wins = frame[frame[column] < frame[dense]]
-    return float(wins.sparsity.min()) if len(wins) else None
-
-
-def storage_numbers(frame: pd.DataFrame) -> dict:
-    """The break-even sparsities that a format's bytes per nonzero predict for the float32 weight in ``frame``.
-
-    COO keeps a 4-byte value and one 8-byte index per dimension for each nonzero; CSR (as a matrix) a value and
-    an 8-byte column index (its one pointer per row left out).
-
-    Args:
-        frame: `sparse_storage`'s rows (their ``weight_shape``).
-    """
-    ndim = len(str(frame.weight_shape.iloc[0]).split("x"))
-    return {"coo_predicted": 1 - 4 / (4 + 8 * ndim), "csr_predicted": 1 - 4 / (4 + 8), "ndim": ndim}
-
-
-@worded
-def storage_finding(frame: pd.DataFrame) -> str:
-    """One line: from which sparsity COO and CSR took fewer bytes than dense, and whether CSR's matmul won.
-
-    Args:
-        frame: `sparse_storage`'s rows.
-    """
-    predicted = storage_numbers(frame)
-    parts = []
-    for fmt in ("coo", "csr"):
-        measured = break_even(frame, f"{fmt}_bytes")
-        where = f"from {measured:.0%} zeros" if measured is not None else "at no sparsity measured"
-        expected = predicted[f"{fmt}_predicted"]
-        parts.append(f"{fmt.upper()} took fewer bytes than dense {where} (predicted {expected:.0%})")
-    speed = break_even(frame, "csr_matmul_s")
-    top = frame.sort_values("sparsity").iloc[-1]
-    if speed is None:
-        verdict = (f"the CSR matmul never beat the dense one's call-to-call spread, not even at {top.sparsity:.0%} "
-                   f"zeros ({top.csr_matmul_s / top.dense_matmul_s:.2f}x its time)")
-    else:
-        verdict = (f"the CSR matmul beat the dense one, beyond its call-to-call spread, from {speed:.0%} zeros on "
-                   f"({top.csr_matmul_s / top.dense_matmul_s:.2f}x its time at {top.sparsity:.0%})")
-    return f"{frame.layer.iloc[0]} ({frame.weight_shape.iloc[0]}): " + "; ".join(parts) + f"; {verdict}."
-
-
-def storage_long(frame: pd.DataFrame, what: str = "bytes") -> pd.DataFrame:
-    """`sparse_storage`'s frame with one row per layout, to draw one line per layout.
-
-    Args:
-        frame: `sparse_storage`'s rows.
-        what: ``bytes`` (in memory: dense, COO, CSR) or ``time`` (the matmul: dense, CSR).
-    """
-    if what not in ("bytes", "time"):
-        raise ConfigError("what", what, "'bytes' (storage in memory) or 'time' (matmul time)")
-    layouts = pruning.LAYOUTS if what == "bytes" else ("dense", "csr")
-    column = "weight_bytes" if what == "bytes" else "matmul_s"
-    source = "{}_bytes" if what == "bytes" else "{}_matmul_s"
-    return pd.DataFrame([{"sparsity": row.sparsity, "layout": layout, column: row[source.format(layout)]}
-                         for _, row in frame.iterrows() for layout in layouts])
+            times[name].append(time.perf_counter() - start)
+    spreads = {name: measure.spread(t) for name, t in times.items()}
+    return {f"{name}_matmul{part}_s": value for name, spread in spreads.items()
+            for part, value in zip(("", "_p10", "_p90"), spread, strict=True)}
 
 
 @dataclass
 class SemiStructured:
-    """2:4 sparsity on this machine: accuracy after the pattern is applied, and the GPU speed-up where it runs.
-
-    Attributes:
-        layers: the layers that got the 2:4 pattern. sparsity: zeros among all prunable weights.
-        val_accuracy / test_accuracy: of the 2:4 model, without recovery; dense_test_accuracy: before.
-        speedup: dense fp16 latency / 2:4 latency of a 4096x4096 Linear at batch 4096, timed in turns (None where
-            it cannot run). band: the noise band of the latency ratio (`latencies_with_band`).
-        reason: why the speed was not measured (None when it was).
-    """
+    """2:4 sparsity on this machine: the 2:4 model's accuracy without recovery, and where it runs, a 4096x4096 fp16
+    Linear's latency dense and 2:4 (``(median, p10, p90)``), or why not (``reason``)."""
 
     layers: list
     sparsity: float
@@ -175,40 +134,35 @@ class SemiStructured:
     test_accuracy: float
     dense_test_accuracy: float
     speedup: float | None = None
-    band: tuple | None = None
+    dense_latency: tuple | None = None
+    sparse_latency: tuple | None = None
     reason: str | None = None
 
-    def __str__(self) -> str:
+    @worded
+    def finding(self) -> str:
         text = (f"2:4 pattern in {len(self.layers)} layers ({self.sparsity:.0%} of all prunable weights are zero): "
                 f"test accuracy {self.dense_test_accuracy:.1%} -> {self.test_accuracy:.1%} without recovery. ")
         if self.speedup is None:
-            return wrap(text + f"Speed not measured: {self.reason}.")
-        low, high = self.band
-        real = "beyond" if not low <= 1 / self.speedup <= high else "within"
-        return wrap(text + f"A 4096x4096 fp16 Linear ran {self.speedup:.2f}x faster with 2:4 weights, {real} the "
-                           f"dense layer's timing noise ({low:.2f}x-{high:.2f}x).")
+            return text + f"Speed not measured: {self.reason}."
+        c = compare(tuple(self.sparse_latency), tuple(self.dense_latency), ("faster", "slower"))
+        return text + f"A 4096x4096 fp16 Linear with 2:4 weights took {c} the dense layer's time."
+
+    def __str__(self) -> str:
+        return str(self.finding())
 
 
 def semi_structured(cfg: RunConfig, size: int = 4096) -> SemiStructured:
-    """Apply the 2:4 pattern to the fine-tuned model; on an Ampere+ GPU, time a 2:4 Linear against a dense one.
-
-    Args:
-        cfg: the fine-tune.
-        size: the timed Linear's inputs, outputs and batch.
-    """
+    """The 2:4 pattern on the fine-tuned model; on an Ampere+ GPU, a 2:4 Linear timed against a dense one."""
     model, _ = fine_tuned(cfg)
-    dense_acc = accuracy(model, cfg, "test")
     sparse_model = copy.deepcopy(model)
     layers = pruning.apply_2to4(sparse_model)
     record = SemiStructured(layers, pruning.sparsity(sparse_model).overall, accuracy(sparse_model, cfg, "val"),
-                            accuracy(sparse_model, cfg, "test"), dense_acc)
+                            accuracy(sparse_model, cfg, "test"), accuracy(model, cfg, "test"))
     device = resolve_device(cfg.device)
-    if device.type != "cuda":
-        record.reason = "2:4 kernels need a CUDA GPU of compute capability 8.0+, and this run is on the CPU"
-        return record
-    capability = machine.here().capability
-    if capability < (8, 0):
-        record.reason = (f"2:4 kernels need compute capability 8.0+, and this GPU has "
+    capability = machine.here().capability if device.type == "cuda" else None
+    if capability is None or capability < (8, 0):
+        record.reason = ("2:4 kernels need a CUDA GPU of compute capability 8.0+, and this run is on the CPU"
+                         if capability is None else f"2:4 kernels need compute capability 8.0+, and this GPU has "
                          f"{capability[0]}.{capability[1]}")
         return record
     try:
@@ -216,9 +170,10 @@ def semi_structured(cfg: RunConfig, size: int = 4096) -> SemiStructured:
         with torch.no_grad():
             dense.weight.mul_(pruning.semi_structured_mask(dense.weight))
         sparse = pruning.to_semi_structured(copy.deepcopy(dense))
-        x = torch.randn(size, size, dtype=torch.float16, device=device)
-        (dense_s, sparse_s), record.band = latencies_with_band([dense, sparse], x)
-        record.speedup = dense_s / sparse_s
+        t = timed([dense, sparse], torch.randn(size, size, dtype=torch.float16, device=device))
+        record.dense_latency, record.sparse_latency = [(t["latency_s"][i], t["latency_p10_s"][i],
+                                                        t["latency_p90_s"][i]) for i in (0, 1)]
+        record.speedup = t["latency_s"][0] / t["latency_s"][1]
     except Exception as exc:  # noqa: BLE001 - a missing kernel (e.g. an older torch build): say so, keep the rest
         record.reason = f"torch's 2:4 kernels failed here ({type(exc).__name__}: {exc})"
     return record

@@ -1,14 +1,15 @@
-"""Sections 5 and 7 of notebook 09: the broken configs handed to `labkit.doctor`, and the panel's run."""
+"""Sections 5 and 8 of notebook 09: the broken configs handed to `labkit.doctor`, and the panel's run."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ... import results, train
+from ... import results
 from ...config import RunConfig
 from ...env import profile
 from ...errors import ConfigError
 from ...messages import wrap
+from ...runsetup import run_splits
 from ...units import mib
 from .stages import recipe_stages
 
@@ -26,23 +27,12 @@ DOCTOR_STEPS = 100
 
 
 def doctor_config(cfg: RunConfig) -> RunConfig:
-    """``cfg`` for one epoch of at most `DOCTOR_STEPS` (the profile's step budget, if smaller): the doctor's run.
-
-    Args:
-        cfg: the workload.
-    """
+    """``cfg`` for one epoch of at most `DOCTOR_STEPS` (the profile's step budget, if smaller): the doctor's run."""
     return cfg.replace(epochs=1, max_steps=min(profile().max_steps, DOCTOR_STEPS))
 
 
 def broken(cfg: RunConfig, symptom: str) -> RunConfig:
-    """``cfg`` with the changes that produce ``symptom`` (`BROKEN`), as `doctor_config` trains it.
-
-    Args:
-        cfg: the workload. symptom: a key of `BROKEN`.
-
-    Example:
-        >>> labkit.doctor(broken(workload(), "nan_loss"))
-    """
+    """``cfg`` with the changes that produce ``symptom`` (a key of `BROKEN`), as `doctor_config` trains it."""
     if symptom not in BROKEN:
         raise ConfigError("symptom", symptom, f"one of {list(BROKEN)}")
     return doctor_config(cfg).replace(**BROKEN[symptom])
@@ -68,24 +58,20 @@ class RecipeRun:
 
 
 def panel_config(cfg: RunConfig) -> RunConfig:
-    """The panel's starting point: the recipe's training stages on ``cfg``, quantized for inference."""
+    """The panel's starting point: the recipe's stages on ``cfg``."""
     for stage in recipe_stages():
         cfg = cfg.replace(**stage.changes)
     return cfg
 
 
 def panel_run(cfg: RunConfig, on_step=None, progress: bool = False) -> RecipeRun:
-    """Train ``cfg`` through the cache and report what the recipe's table reports.
-
-    Args:
-        cfg: the stacked config. on_step, progress: passed to the fit.
-    """
+    """Train ``cfg`` through the cache and report what the recipe's table reports."""
     result = results.cached_fit(cfg, progress=progress, on_step=on_step)
     deployed = result.inference or {}
     parts = [f"bs{cfg.batch_size}", result.precision_used, "ckpt" if cfg.checkpointing else "",
              "8bit" if "8bit" in cfg.optimizer else "", f"freeze {cfg.freeze}" if cfg.freeze else "",
              cfg.quantize or ""]
     setting = " ".join(part for part in parts if part)  # short: the panel's bars are labelled with it
-    return RecipeRun(setting, len(train.run_splits(cfg)["train"]) / result.throughput, result.peak_memory_bytes,
+    return RecipeRun(setting, len(run_splits(cfg)["train"]) / result.throughput, result.peak_memory_bytes,
                      deployed.get("accuracy", result.accuracy), deployed.get("size_bytes", result.model_size_bytes),
                      list(result.warnings))

@@ -1,8 +1,5 @@
-"""Section 4 of notebook 09: one training step under ``torch.profiler`` before and after mixed precision.
-
-`profile_step` warms up, profiles one step of labkit's loop, groups the operators by kind of work (`op_kind`) and
-writes a Chrome trace (chrome://tracing or https://ui.perfetto.dev).
-"""
+"""Section 4 of notebook 09: one training step of labkit's loop under ``torch.profiler``, in fp32 and in mixed
+precision: its operators by kind of work (`op_kind`) and a Chrome trace (https://ui.perfetto.dev)."""
 
 from __future__ import annotations
 
@@ -16,11 +13,14 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from torch.profiler import ProfilerActivity
 
 from ... import measure, train
 from ...config import RunConfig
 from ...data import cache_dir
 from ...env import env_report, resolve_device
+from ...labresult import LabResult
+from ...measure import compare
 from ...messages import worded
 from ...techniques.precision import low_precision_for, resolve_precision
 
@@ -48,12 +48,8 @@ def op_kind(name: str) -> str:
 
 @dataclass
 class ProfiledStep:
-    """One training step under ``torch.profiler``.
-
-    Attributes:
-        precision: as resolved. ops: the top operators by self time. kinds: self time by `op_kind`.
-        step_time_s: the profiled step, profiler overhead included. trace_path: a Chrome trace. device: its type.
-    """
+    """One profiled step: its resolved ``precision``, top operators (``ops``), self time by `op_kind` (``kinds``),
+    time (profiler overhead included), Chrome trace and device type."""
 
     precision: str
     ops: pd.DataFrame
@@ -65,33 +61,25 @@ class ProfiledStep:
 
 @contextlib.contextmanager
 def quiet_native_output():
-    """Drop what C++ writes to the process's stdout and stderr meanwhile.
-
-    The profiler's library (Kineto) logs "profiler_start" and, on a CUDA build without a GPU, a harmless
-    "gpuGetDeviceCount failed", which Jupyter would show as a red box.
-    """
+    """Drop what C++ writes to stdout and stderr meanwhile: Kineto's "profiler_start" and, on a CUDA build without a
+    GPU, "gpuGetDeviceCount failed", which Jupyter would show as a red box."""
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
+    saved = [os.dup(fd) for fd in (1, 2)]
     with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 1)
-        os.dup2(sink.fileno(), 2)
+        for fd in (1, 2):
+            os.dup2(sink.fileno(), fd)
         try:
             yield
         finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
+            for fd, old in zip((1, 2), saved, strict=True):
+                os.dup2(old, fd)
+                os.close(old)
 
 
 def profiler_precision(cfg: RunConfig) -> str:
-    """The mixed precision to profile against fp32: ``auto``'s, or where ``auto`` keeps fp32 (a P100, a CPU without
-    native bf16) the one `low_precision_for` picks there: fp16 on a GPU (pre-Ampere GPUs emulate or refuse bf16).
-
-    Args:
-        cfg: the config whose device decides.
-    """
+    """The mixed precision to profile against fp32: ``auto``'s, or where that is fp32 (a P100, a CPU without native
+    bf16) `low_precision_for`'s: fp16 on a GPU."""
     device = resolve_device(cfg.device)
     auto = resolve_precision("auto", device).name
     return auto if auto != "fp32" else low_precision_for(env_report(cfg.device))
@@ -99,21 +87,11 @@ def profiler_precision(cfg: RunConfig) -> str:
 
 def profile_step(cfg: RunConfig, precision: str | None = None, warmup_steps: int = 2,
                  top: int = PROFILE_TOP) -> ProfiledStep:
-    """Train ``warmup_steps`` steps of ``cfg`` in ``precision``, then profile one more.
-
-    Args:
-        cfg: the config. precision: default ``cfg.precision``. warmup_steps: untimed steps first (the first
-            steps allocate memory and pick kernels). top: operators kept in ``ops``.
-
-    Example:
-        >>> before = profile_step(cfg, "fp32"); before.kinds
-    """
+    """Train ``warmup_steps`` untimed steps of ``cfg`` in ``precision``, then profile one more; ``top`` operators."""
     cfg = cfg.replace(precision=precision or cfg.precision)
     trainer = train.Trainer(cfg)
     device = trainer.device
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
     batches = trainer.batches(warmup_steps + 1)
     for _ in range(warmup_steps):
         trainer.step(*next(batches))
@@ -141,14 +119,8 @@ def profile_step(cfg: RunConfig, precision: str | None = None, warmup_steps: int
 
 
 def operator_rows(events, on_gpu: bool) -> list[dict]:
-    """One row per operator (``operator``, ``calls``, ``self_ms``, ``total_ms``) from ``prof.key_averages()``.
-
-    On a GPU the time is the device's, read from the operators' rows only: the profiler also lists each kernel
-    as a row of its own, whose time is already its operator's self device time (counted twice otherwise).
-
-    Args:
-        events: the profiler's averaged events. on_gpu: the step ran on a CUDA device.
-    """
+    """One row per operator (``operator``, ``calls``, ``self_ms``, ``total_ms``) from ``prof.key_averages()``; on a
+    GPU the device's time, from the operators' rows only (each kernel's row repeats its operator's time)."""
     if on_gpu:
         events = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]  # operators, not kernels
     return [{"operator": e.key, "calls": e.count,
@@ -163,43 +135,41 @@ def trace_folder() -> Path:
     return folder
 
 
-def profile_pair(cfg: RunConfig, warmup_steps: int = 2) -> tuple[ProfiledStep, ProfiledStep]:
-    """`profile_step` in fp32 and in `profiler_precision`."""
-    return profile_step(cfg, "fp32", warmup_steps), profile_step(cfg, profiler_precision(cfg), warmup_steps)
+@dataclass
+class StepProfiles(LabResult):
+    """Two profiled steps, ``before`` (fp32) and ``after`` (mixed precision); ``frame``: self time by kind in both
+    (``kind``, ``<precision>_self_ms``, ``<precision>_share``)."""
+
+    before: ProfiledStep
+    after: ProfiledStep
+
+    def long(self) -> pd.DataFrame:
+        """Both steps' self time by kind, long (``kind``, ``precision``, ``self_ms``, ``share``): a chart's rows."""
+        return pd.concat([s.kinds.assign(precision=s.precision) for s in (self.before, self.after)], ignore_index=True)
+
+    @worded
+    def finding(self) -> str:
+        table = self.frame.set_index("kind")
+        before, after = self.before, self.after
+        b, a = before.precision, after.precision
+        top_b, top_a = table[f"{b}_share"].idxmax(), table[f"{a}_share"].idxmax()
+        casts = table[f"{b}_share"].get(CASTS, 0.0), table[f"{a}_share"].get(CASTS, 0.0)
+        time = compare(after.step_time_s, before.step_time_s, ("faster", "slower"))
+        return (f"One profiled step ({before.device}): {b} {before.step_time_s * 1e3:.0f} ms, {a} "
+                f"{after.step_time_s * 1e3:.0f} ms: {time}; the largest kind of work is {top_b} in {b} "
+                f"({table.loc[top_b, f'{b}_share']:.0%}) and {top_a} in {a} ({table.loc[top_a, f'{a}_share']:.0%}); "
+                f"copies and casts {casts[0]:.0%} -> {casts[1]:.0%}.")
 
 
-def kinds_table(before: ProfiledStep, after: ProfiledStep) -> pd.DataFrame:
-    """Self time by kind of operator in both steps: ``kind``, then ``<precision>_self_ms`` and ``<precision>_share``.
-
-    Args:
-        before, after: `profile_step`'s, in two precisions.
-    """
-    columns = ["kind", "self_ms", "share"]
+def _kinds_table(before: ProfiledStep, after: ProfiledStep) -> pd.DataFrame:
     b, a = before.precision, after.precision
-    both = before.kinds[columns].merge(after.kinds[columns], on="kind", how="outer", suffixes=("_b", "_a")).fillna(0.0)
-    both = both.rename(columns={"self_ms_b": f"{b}_self_ms", "self_ms_a": f"{a}_self_ms", "share_b": f"{b}_share",
-                                "share_a": f"{a}_share"})
+    both = before.kinds.merge(after.kinds, on="kind", how="outer", suffixes=(f"_{b}", f"_{a}")).fillna(0.0)
+    both = both.rename(columns={f"{c}_{p}": f"{p}_{c}" for c in ("self_ms", "share") for p in (b, a)})
     ordered = ["kind", f"{b}_self_ms", f"{a}_self_ms", f"{b}_share", f"{a}_share"]
     return both[ordered].sort_values(f"{b}_self_ms", ascending=False).reset_index(drop=True)
 
 
-def kinds_frame(before: ProfiledStep, after: ProfiledStep) -> pd.DataFrame:
-    """Both steps' self time by kind, long (``kind``, ``precision``, ``self_ms``, ``share``): a chart's rows."""
-    return pd.concat([step.kinds.assign(precision=step.precision) for step in (before, after)], ignore_index=True)
-
-
-@worded
-def profile_finding(before: ProfiledStep, after: ProfiledStep) -> str:
-    """One line: the two profiled steps' times, the largest kind of work in each, and the casts' share.
-
-    Args:
-        before, after: `profile_step`'s, in two precisions (one step each, profiler overhead included).
-    """
-    table = kinds_table(before, after).set_index("kind")
-    b, a = before.precision, after.precision
-    top_b, top_a = table[f"{b}_share"].idxmax(), table[f"{a}_share"].idxmax()
-    casts = table.get(f"{b}_share").get(CASTS, 0.0), table.get(f"{a}_share").get(CASTS, 0.0)
-    return (f"One profiled step ({before.device}): {b} {before.step_time_s * 1e3:.0f} ms, {a} "
-            f"{after.step_time_s * 1e3:.0f} ms ({after.step_time_s / before.step_time_s:.2f}x); the largest kind of "
-            f"work is {top_b} in {b} ({table.loc[top_b, f'{b}_share']:.0%}) and {top_a} in {a} "
-            f"({table.loc[top_a, f'{a}_share']:.0%}); copies and casts {casts[0]:.0%} -> {casts[1]:.0%}.")
+def profile_pair(cfg: RunConfig, warmup_steps: int = 2) -> StepProfiles:
+    """`profile_step` in fp32 and in `profiler_precision`."""
+    before, after = profile_step(cfg, "fp32", warmup_steps), profile_step(cfg, profiler_precision(cfg), warmup_steps)
+    return StepProfiles(_kinds_table(before, after), before=before, after=after)

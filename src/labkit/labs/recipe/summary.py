@@ -1,9 +1,5 @@
-"""Section 6 of notebook 09: what each technique of notebooks 01-08 bought on this machine, from cached runs.
-
-`summary` reads the learner's result cache and pairs each technique's run with the same run without it (mixed
-precision against fp32, freezing against no freezing, ...); pruning and quantization come from the tables their
-notebooks cached (``prune-structured``, ``quant-compare``), data parallelism from the cached jobs.
-"""
+"""Section 6 of notebook 09: what each technique of notebooks 01-08 bought on this machine, from the learner's
+cached runs, each paired with the same run without it (pruning and quantization from their notebooks' tables)."""
 
 from __future__ import annotations
 
@@ -17,7 +13,8 @@ from ... import config, results
 from ...config import RunConfig
 from ...env import Profile, env_report, profile
 from ...errors import ConfigError
-from ...measure import separated
+from ...labresult import LabResult
+from ...measure import Measured, compare
 from ...messages import worded
 from ...result import RunResult
 from .stages import value_text
@@ -25,12 +22,8 @@ from .stages import value_text
 
 @dataclass(frozen=True)
 class Technique:
-    """How a technique shows in cached runs.
-
-    Attributes:
-        notebook, name: where it is taught. on: ``on(cfg)`` picks its runs. twin: the changes that give the run
-            without it. prefer: orders several runs (lower first). ignore: fields allowed to differ.
-    """
+    """How a technique shows in cached runs: ``on(cfg)`` picks its runs, ``twin(cfg)`` the changes that give the
+    run without it, ``prefer`` orders several runs (lower first), ``ignore`` the fields allowed to differ."""
 
     notebook: str
     name: str
@@ -72,14 +65,11 @@ def cached_runs() -> list[RunResult]:
     for path in sorted(results.results_dir().glob("*.json")):
         try:
             payload = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if not isinstance(payload, dict) or "config" not in payload or "step_time_s" not in payload:
-            continue  # a measured table or record, not a run
-        try:
+            if not isinstance(payload, dict) or "config" not in payload or "step_time_s" not in payload:
+                continue  # a measured table or record, not a run
             run = RunResult.from_dict(payload)
             run.cfg  # noqa: B018 - an old config that no longer validates is skipped
-        except (TypeError, ConfigError):
+        except (ValueError, TypeError, ConfigError):
             continue
         if run.ok and run.env.get("device") == here.get("device") and run.env.get("gpu") == here.get("gpu"):
             found.append(run)
@@ -87,85 +77,74 @@ def cached_runs() -> list[RunResult]:
 
 
 def _key(cfg: RunConfig, ignore: tuple) -> tuple:
-    values = cfg.to_dict()
-    for name in ignore:
-        values.pop(name)
-    return tuple(sorted((k, str(v)) for k, v in values.items()))
+    return tuple(sorted((k, str(v)) for k, v in cfg.to_dict().items() if k not in ignore))
+
+
+def _per_sample(r: RunResult) -> Measured:
+    scale = 1 / r.throughput / r.step_time_s  # a step's time -> a sample's
+    return Measured(r.step_time_s * scale, r.step_time_p10_s * scale, r.step_time_p90_s * scale)
 
 
 def _beyond_spread(run: RunResult, twin: RunResult) -> bool | None:
-    """Whether the two runs' times per sample differ beyond both runs' p10-p90 step-time spread (None: unknown)."""
-    bands = []
-    for r in (run, twin):
-        if not r.throughput or not r.step_time_s:
-            return None
-        per_sample = 1 / r.throughput / r.step_time_s
-        bands.append([r.step_time_p10_s * per_sample, r.step_time_p90_s * per_sample])
-    order = separated(*bands)
-    return None if order is None else order != 0
+    """Whether the two runs' times per sample differ beyond their step-time spreads (None: unknown)."""
+    if not all(r.throughput and r.step_time_s for r in (run, twin)):
+        return None
+    return compare(_per_sample(run), _per_sample(twin)).real
 
 
-def _pair_row(tech: Technique, run: RunResult, twin: RunResult, pairs: int) -> dict:
+def _trained(run: RunResult, twin: RunResult, setting: str, pairs: int) -> dict:
+    """A training run against its twin: time per sample, peak memory, saved size and accuracy."""
+    accuracy = None if run.accuracy is None or twin.accuracy is None else run.accuracy - twin.accuracy
+    return {"setting": f"{setting} ({run.cfg.model})", "time_ratio": twin.throughput / run.throughput,
+            "time_basis": "training time per sample", "time_beyond_spread": _beyond_spread(run, twin),
+            "memory_ratio": run.peak_memory_bytes / twin.peak_memory_bytes,
+            "size_ratio": run.model_size_bytes / twin.model_size_bytes, "accuracy_change": accuracy, "pairs": pairs}
+
+
+def _deployed(new: pd.Series, old: pd.Series, setting: str, memory_ratio: float) -> dict:
+    """An inference table's row against its dense or fp32 row: CPU latency, size and accuracy."""
+    return {"setting": setting, "time_ratio": new.cpu_latency_s / old.cpu_latency_s,
+            "time_basis": "CPU inference latency", "memory_ratio": memory_ratio,
+            "size_ratio": new.model_size_bytes / old.model_size_bytes,
+            "accuracy_change": new.test_accuracy - old.test_accuracy, "pairs": 1}
+
+
+def _technique_row(tech: Technique, single: list[RunResult], prof: Profile) -> dict | None:
+    index = {_key(r.cfg, tech.ignore): r for r in single}
+    pairs = []
+    for run in (r for r in single if tech.on(r.cfg)):
+        try:
+            twin = index.get(_key(run.cfg.replace(**tech.twin(run.cfg)), tech.ignore))
+        except ConfigError:
+            continue
+        if twin is not None and twin.accuracy is not None and run.accuracy is not None:
+            pairs.append((run, twin))
+    if not pairs:
+        return None
+    model = config.workload(prof)["model"]
+    run, twin = min(pairs, key=lambda p: (p[0].cfg.model != model, tech.prefer(p[0].cfg) if tech.prefer else 0))
     cfg = run.cfg
     setting = ", ".join(f"{k}={value_text(getattr(cfg, k))}" for k in tech.twin(cfg) if getattr(cfg, k) is not None
                         and k in ("precision", "batch_size", "grad_accum", "checkpointing", "optimizer", "freeze",
                                   "lora_rank"))
-    if tech.name == "LoRA":
-        setting += f" on {value_text(cfg.lora_targets)}"
-    return {"notebook": tech.notebook, "technique": tech.name, "setting": f"{setting} ({cfg.model})",
-            "time_ratio": twin.throughput / run.throughput, "time_basis": "training time per sample",
-            "time_beyond_spread": _beyond_spread(run, twin),
-            "memory_ratio": run.peak_memory_bytes / twin.peak_memory_bytes,
-            "size_ratio": run.model_size_bytes / twin.model_size_bytes,
-            "accuracy_change": None if run.accuracy is None or twin.accuracy is None else run.accuracy - twin.accuracy,
-            "pairs": pairs}
+    setting += f" on {value_text(cfg.lora_targets)}" if tech.name == "LoRA" else ""
+    return _trained(run, twin, setting, len(pairs))
 
 
-def _training_rows(runs: list[RunResult], prof: Profile) -> list[dict]:
-    single = [r for r in runs if r.distributed is None and r.inference is None]
-    rows = []
-    for tech in _techniques(prof):
-        index = {_key(r.cfg, tech.ignore): r for r in single}
-        pairs = []
-        for run in single:
-            cfg = run.cfg
-            if not tech.on(cfg):
-                continue
-            try:
-                twin = index.get(_key(cfg.replace(**tech.twin(cfg)), tech.ignore))
-            except ConfigError:
-                continue
-            if twin is not None and twin.accuracy is not None and run.accuracy is not None:
-                pairs.append((run, twin))
-        if not pairs:
-            rows.append({"notebook": tech.notebook, "technique": tech.name, "pairs": 0})
-            continue
-        workload_model = config.workload(prof)["model"]
-        pairs.sort(key=lambda p: (p[0].cfg.model != workload_model, tech.prefer(p[0].cfg) if tech.prefer else 0))
-        rows.append(_pair_row(tech, *pairs[0], len(pairs)))
-    return rows
-
-
-def _distributed_row(runs: list[RunResult]) -> dict:
+def _distributed_row(runs: list[RunResult]) -> dict | None:
     jobs = [r for r in runs if r.distributed and r.distributed.get("world_size", 1) > 1]
     singles = {(_key(r.cfg, ()), r.distributed is not None): r for r in runs if not r.distributed or
                r.distributed.get("world_size") == 1}
     for job in sorted(jobs, key=lambda r: -r.distributed["world_size"]):
         twin = singles.get((_key(job.cfg, ()), True)) or singles.get((_key(job.cfg, ()), False))
         if twin is not None:
-            return {"notebook": "07", "technique": "data parallel",
-                    "setting": f"{job.distributed['world_size']} processes, {job.distributed['backend']} "
-                               f"({job.cfg.model})",
-                    "time_ratio": twin.throughput / job.throughput, "time_basis": "training time per sample",
-                    "time_beyond_spread": _beyond_spread(job, twin),
-                    "memory_ratio": job.peak_memory_bytes / twin.peak_memory_bytes, "size_ratio": 1.0,
-                    "accuracy_change": job.accuracy - twin.accuracy, "pairs": len(jobs)}
-    return {"notebook": "07", "technique": "data parallel", "pairs": 0}
+            setting = f"{job.distributed['world_size']} processes, {job.distributed['backend']}"
+            return {**_trained(job, twin, setting, len(jobs)), "size_ratio": 1.0}
+    return None
 
 
 def _newest_frame(prefix: str) -> pd.DataFrame | None:
-    paths = sorted(results.results_dir().glob(f"{prefix}-*.json"), key=lambda p: p.stat().st_mtime)
-    for path in reversed(paths):
+    for path in sorted(results.results_dir().glob(f"{prefix}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             return results.read_cached_frame(path)
         except (ValueError, KeyError):
@@ -173,65 +152,70 @@ def _newest_frame(prefix: str) -> pd.DataFrame | None:
     return None
 
 
-def _pruning_row() -> dict:
+def _pruning_row() -> dict | None:
     frame = _newest_frame("prune-structured")
-    row = {"notebook": "04", "technique": "structured pruning", "pairs": 0}
     if frame is None:
-        return row
+        return None
     dense, slim = frame.iloc[0], frame.iloc[-1]
-    return {**row, "setting": f"{slim.amount:.0%} of channels, after {int(slim.recovery_steps)} recovery steps",
-            "time_ratio": slim.cpu_latency_s / dense.cpu_latency_s, "time_basis": "CPU inference latency",
-            "memory_ratio": slim.inference_peak_bytes / dense.inference_peak_bytes,
-            "size_ratio": slim.model_size_bytes / dense.model_size_bytes,
-            "accuracy_change": slim.test_accuracy - dense.test_accuracy, "pairs": 1}
+    return _deployed(slim, dense, f"{slim.amount:.0%} of channels, after {int(slim.recovery_steps)} recovery steps",
+                     slim.inference_peak_bytes / dense.inference_peak_bytes)
 
 
-def _quantization_row(prof: Profile) -> dict:
+def _quantization_row(prof: Profile) -> dict | None:
     frame = _newest_frame("quant-compare")
-    row = {"notebook": "06", "technique": "int8 quantization", "pairs": 0}
     if frame is None:
-        return row
+        return None
     frame = frame[frame.ran.astype(bool)]
-    model = config.workload(prof)["model"]
+    fp32 = frame[frame.method == "fp32"].set_index("model")
     for method in ("int8_static", "int8_dynamic"):
-        rows = frame[(frame.method == method) & (frame.model == model)]
+        rows = frame[(frame.method == method) & (frame.model == config.workload(prof)["model"])]
         rows = rows if len(rows) else frame[frame.method == method]
-        base = frame[frame.method == "fp32"].set_index("model")
         if len(rows):
             q = rows.iloc[0]
-            fp32 = base.loc[q.model]
-            return {**row, "setting": f"{method} ({q.model})", "time_ratio": q.cpu_latency_s / fp32.cpu_latency_s,
-                    "time_basis": "CPU inference latency", "memory_ratio": math.nan,
-                    "size_ratio": q.model_size_bytes / fp32.model_size_bytes,
-                    "accuracy_change": q.test_accuracy - fp32.test_accuracy, "pairs": 1}
-    return row
+            return _deployed(q, fp32.loc[q.model], f"{method} ({q.model})", math.nan)
+    return None
 
 
-def summary(prof: Profile | None = None) -> pd.DataFrame:
-    """One row per technique of notebooks 01-08: its cached run against the same run without it.
+@dataclass
+class Summary(LabResult):
+    """One row per technique (`SUMMARY_COLUMNS` and ``label``): ratios new / old, ``time_basis`` what was timed,
+    ``accuracy_change`` a fraction, ``pairs`` the pairs found (0: not run yet here)."""
 
-    Args:
-        prof: the profile (whose workload's runs are preferred).
+    shown = ("label", "setting", "time_basis", "time_ratio", "memory_ratio", "size_ratio", "accuracy_change")
 
-    Returns:
-        DataFrame: `SUMMARY_COLUMNS` and ``label``. ``time_ratio`` is new / old time (training time per sample, or
-        inference latency for pruning and quantization: ``time_basis``), ``memory_ratio`` the peak memory's,
-        ``size_ratio`` the saved model's, ``accuracy_change`` a fraction (0.01 is a point), ``pairs`` the pairs
-        found (0: not run yet here), ``time_beyond_spread`` whether the training times differ beyond both runs'
-        p10-p90 spread (None for inference latencies, measured in turns by their notebooks).
+    @worded
+    def finding(self) -> str:
+        frame = self.frame
+        measured, missing = frame[frame.pairs > 0], frame[frame.pairs == 0]
+        if not len(measured):
+            return "No cached runs yet: run notebooks 01-08 first, then this cell again."
+        parts = []
+        for column, what in (("time_ratio", "time"), ("memory_ratio", "peak memory"), ("size_ratio", "model size")):
+            rows = measured[measured.time_beyond_spread.ne(False)] if column == "time_ratio" else measured
+            values = rows[column].dropna()
+            if len(values) and values.min() < 1:
+                best = measured.loc[values.idxmin()]
+                parts.append(f"{what}: {best.label} ({best[column]:.2f}x)")
+        text = "Most saved here, " + "; ".join(parts) if parts else "No technique saved time, memory or size here"
+        if len(missing):
+            text += "; not run yet on this machine: " + ", ".join(missing.label)
+        return text + "."
 
-    Example:
-        >>> summary().set_index("technique").time_ratio
-    """
+
+def summary(prof: Profile | None = None) -> Summary:
+    """Each technique of notebooks 01-08: its cached run against the same run without it (the profile's workload
+    preferred); a training time counts as saved only beyond the runs' step-time spreads."""
     prof = prof or profile()
     runs = cached_runs()
-    rows = _training_rows(runs, prof)
-    rows.insert(3, _pruning_row())
-    rows.insert(6, _quantization_row(prof))
-    rows.insert(7, _distributed_row(runs))
-    frame = pd.DataFrame(rows).reindex(columns=SUMMARY_COLUMNS)
+    single = [r for r in runs if r.distributed is None and r.inference is None]
+    found = {(tech.notebook, tech.name): _technique_row(tech, single, prof) for tech in _techniques(prof)}
+    found.update({("04", "structured pruning"): _pruning_row(), ("06", "int8 quantization"): _quantization_row(prof),
+                  ("07", "data parallel"): _distributed_row(runs)})
+    rows = [{"notebook": notebook, "technique": name, **(row or {"pairs": 0})} for (notebook, name), row in
+            found.items()]
+    frame = pd.DataFrame(rows).reindex(columns=SUMMARY_COLUMNS).sort_values("notebook", kind="stable")
     frame["label"] = frame.notebook + " " + frame.technique
-    return frame.sort_values("notebook", kind="stable").reset_index(drop=True)
+    return Summary(frame.reset_index(drop=True))
 
 
 def reference_rows() -> pd.DataFrame:
@@ -241,26 +225,3 @@ def reference_rows() -> pd.DataFrame:
     return pd.DataFrame({"label": "01 mixed precision", "time_ratio": 1 / amp.speedup_vs_fp32,
                          "source": "published: PyTorch AMP recipe (tensor-core GPUs)", "setup": amp.setup,
                          "citation": amp.source})
-
-
-@worded
-def summary_finding(frame: pd.DataFrame) -> str:
-    """One line: which technique saved the most time, memory and size here, and which are not run yet.
-
-    Args:
-        frame: `summary`'s. A time saving counts only beyond the runs' spread (``time_beyond_spread`` not False).
-    """
-    measured, missing = frame[frame.pairs > 0], frame[frame.pairs == 0]
-    if not len(measured):
-        return "No cached runs yet: run notebooks 01-08 first, then this cell again."
-    parts = []
-    for column, what in (("time_ratio", "time"), ("memory_ratio", "peak memory"), ("size_ratio", "model size")):
-        rows = measured[measured.time_beyond_spread.ne(False)] if column == "time_ratio" else measured
-        values = rows[column].dropna()
-        if len(values) and values.min() < 1:
-            best = measured.loc[values.idxmin()]
-            parts.append(f"{what}: {best.label} ({best[column]:.2f}x)")
-    text = "Most saved here, " + "; ".join(parts) if parts else "No technique saved time, memory or size here"
-    if len(missing):
-        text += "; not run yet on this machine: " + ", ".join(missing.label)
-    return text + "."

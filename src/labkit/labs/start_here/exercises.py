@@ -46,7 +46,6 @@ EXERCISES.add(Exercise(
 
 
 def time_steps_solution(step, sync, warmup=3, repeats=10):
-    """Time ``repeats`` calls of ``step()`` after ``warmup`` untimed ones; return each call's seconds."""
     import time
 
     for _ in range(warmup):
@@ -62,12 +61,8 @@ def time_steps_solution(step, sync, warmup=3, repeats=10):
 
 
 class FakeAsyncDevice:
-    """A pretend GPU: ``step()`` only queues work and returns at once, ``sync()`` waits for the queue.
-
-    The first ``warmup`` steps are slow (as a GPU's first kernels are), later ones take ``step_s``. It notes
-    whether the first timed step was queued behind the warm-up's work (``warmup_pending``): a fact of the call
-    order, so the check does not depend on how busy the machine is.
-    """
+    """A pretend GPU: ``step()`` queues work (the first ``warmup`` steps slow), ``sync()`` waits for it;
+    ``warmup_pending``: the first timed step was queued behind the warm-up's work (the call order, not the clock)."""
 
     def __init__(self, warmup: int, step_s: float = 0.01, first_s: float = 0.1):
         self.warmup, self.step_s, self.first_s = warmup, step_s, first_s
@@ -95,25 +90,22 @@ def _check_timer(time_steps) -> str:
     except TypeError:
         raise WrongAnswer("00.timer: return a list with one time in seconds per timed step") from None
     if len(times) != repeats:
-        raise WrongAnswer(f"00.timer: {len(times)} times returned for repeats={repeats}: return one per timed step "
-                          "(the warm-up steps are not timed)")
+        raise WrongAnswer(f"00.timer: {len(times)} times returned for repeats={repeats}: one per timed step")
     if device.calls != warmup + repeats:
         raise WrongAnswer(f"00.timer: step() was called {device.calls} times; expected warmup + repeats = "
                           f"{warmup + repeats}")
     too_short = [t for t in times if t < 0.7 * device.step_s]
     if too_short:
-        raise WrongAnswer(f"00.timer: a step of {device.step_s * 1e3:.0f} ms was timed as "
-                          f"{min(too_short) * 1e3:.2f} ms: "
-                          "the clock was read before the queued work finished. Hint: call sync() after step() "
-                          "and before reading the clock")
+        raise WrongAnswer(f"00.timer: a step of {device.step_s * 1e3:.0f} ms was timed as {min(too_short) * 1e3:.2f} "
+                          "ms: the clock was read before the queued work finished. Hint: sync() before reading it")
     # Decided by the call order, not by the clock (a busy machine stretches any step, never shortens one).
     if device.warmup_pending:
         raise WrongAnswer(f"00.timer: your first timed step took {times[0] * 1e3:.0f} ms for a "
-                          f"{device.step_s * 1e3:.0f} ms step: the warm-up's queued work landed in it. Hint: call "
-                          "sync() once after the warm-up loop")
+                          f"{device.step_s * 1e3:.0f} ms step: the warm-up's queued work landed in it. Hint: sync() "
+                          "once after the warm-up loop")
     median = sorted(times)[len(times) // 2]
-    return (f"On a pretend GPU that queues work, your timer measured a median of {median * 1e3:.1f} ms for a "
-            f"{device.step_s * 1e3:.0f} ms step, warm-up excluded: labkit's StepTimer follows the same rule.")
+    return (f"On a pretend GPU, your timer measured a median of {median * 1e3:.1f} ms for a {device.step_s * 1e3:.0f} "
+            "ms step, warm-up excluded, as labkit's StepTimer does.")
 
 
 EXERCISES.add(CodeExercise(
