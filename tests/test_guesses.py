@@ -5,6 +5,7 @@ import pytest
 
 from labkit.errors import ConfigError
 from labkit.guesses import versus
+from labkit.measure import compare
 
 
 def test_a_guess_is_shown_beside_the_measurement():
@@ -45,3 +46,11 @@ def test_a_guess_inside_the_runs_noise_is_as_right_as_the_run_can_tell():
     assert " ".join(str(versus(0.3, 0.5, "t", band=band)).split()).endswith("0.409-0.611: your guess is outside it.")
     assert "noise allows 0.409-0.611" in " ".join(str(versus(None, 0.5, "t", band=band)).split())
     assert versus(0.5, 0.5, "t", band=(float("nan"), 1.0)).endswith("(The run measured no spread to judge a guess by.)")
+
+
+def test_a_comparison_brings_its_ratio_and_band():
+    measured = compare((0.1, 0.09, 0.11), (0.2, 0.18, 0.22))
+    line = " ".join(str(versus(0.6, measured, "step time, with / without", "x")).split())
+    assert "measured 0.5x" in line and line.endswith("allows 0.409-0.611x: your guess is inside it, as right as this "
+                                                     "run can tell.")
+    assert versus(0.5, compare(0.1, 0.2), "t").endswith("(The run measured no spread to judge a guess by.)")

@@ -134,7 +134,7 @@ cfg = labkit.config.baseline(P)
 runs = lab.compare(cfg, ENV)  # fp32, fp32 + TF32, fp16 + GradScaler, bf16 (cached: a rerun is instant)
 speedup = runs.speedup(LOW)  # its .band: the ratios the two runs' step-time spreads allow
 print(guesses.versus(guess_memory_fraction, runs.peak_fraction(LOW), f"{LOW} peak memory / fp32 peak memory"))
-print(guesses.versus(guess_speedup, speedup.ratio, f"{LOW} speed / fp32 speed", "x", band=speedup.band))
+print(guesses.versus(guess_speedup, speedup, f"{LOW} speed / fp32 speed", "x"))
 runs
 
 # %%
@@ -306,7 +306,7 @@ guess_lm_speedup = None  # YOUR GUESS: e.g. 1.5
 # %%
 lm = lab.lm_compare(LOW)  # fp32 and LOW on the language model (cached)
 lm_speedup = lm.speedup(LOW)
-print(guesses.versus(guess_lm_speedup, lm_speedup.ratio, f"{LOW} tokens/s / fp32 tokens/s", "x", band=lm_speedup.band))
+print(guesses.versus(guess_lm_speedup, lm_speedup, f"{LOW} tokens/s / fp32 tokens/s", "x"))
 lm
 
 # %% jupyter={"source_hidden": true} tags=["check"]

@@ -129,8 +129,7 @@ guess_state_fraction = None  # YOUR GUESS: head_only optimizer state / no freezi
 # %%
 sweep = lab.level_sweep(cfg)
 step, head = sweep.step_time("head_only"), sweep.set_index("level").loc["head_only"]  # step: against none
-print(guesses.versus(guess_time_fraction, step.ratio, "step time, head_only / none", "x",
-                     band=step.band))  # the ratio the two runs' spreads allow
+print(guesses.versus(guess_time_fraction, step, "step time, head_only / none", "x"))  # with the band both spreads allow
 print(guesses.versus(guess_state_fraction, head.state_ratio, "optimizer state, head_only / none", "x"))
 plots.bars(sweep, x="level", ys=["step_time_s", "accuracy"])
 plots.memory_breakdown(sweep, label="level");

@@ -219,7 +219,7 @@ sweep = lab.rank_sweep(cfg)  # full, head only, LoRA per rank on q_proj,v_proj a
 r8, full = sweep.row("LoRA q_proj,v_proj r8"), sweep.row("full fine-tune")
 print(guesses.versus(guess_share, r8.trainable_share, "trainable share, rank 8 on q_proj,v_proj"))
 step = sweep.step_against_full("LoRA q_proj,v_proj r8")  # band: what each run's 10th-90th percentile allows
-print(guesses.versus(guess_step_ratio, step.ratio, "step time, LoRA r8 / full", band=step.band))
+print(guesses.versus(guess_step_ratio, step, "step time, LoRA r8 / full"))
 sweep
 
 # %% jupyter={"source_hidden": true} tags=["check"]

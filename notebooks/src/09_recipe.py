@@ -85,7 +85,7 @@ rec = lab.staged(cfg)  # the given order, each stage alone, and the measured ord
 base, last = rec.given.iloc[0], rec.given.iloc[-1]
 print(guesses.versus(guess_peak_ratio, last.peak_memory_bytes / base.peak_memory_bytes, "peak, recipe / baseline"))
 whole = rec.whole_time()  # the last stage's epoch time against the baseline's, with both runs' spreads
-print(guesses.versus(guess_time_ratio, whole.ratio, "epoch time, recipe / baseline", band=whole.band))
+print(guesses.versus(guess_time_ratio, whole, "epoch time, recipe / baseline"))
 rec  # both orders stacked, and what the recipe did
 
 # %% jupyter={"source_hidden": true} tags=["check"]

@@ -28,7 +28,8 @@ def versus(guess, measured, what: str, unit: str = "", band=None) -> Text:
 
     Args:
         guess: the learner's number, or None (not guessed yet: the line says so).
-        measured: the live run's value.
+        measured: the live run's value, or a `labkit.measure.Comparison`: its ratio, with the band its two spreads
+            allow (no spread: the line says so).
         what: what was guessed, e.g. ``"bf16 peak memory / fp32 peak memory"``.
         unit: appended to both numbers, e.g. ``"x"`` or ``" MiB"``.
         band: the ``(low, high)`` the run's own noise allows for the value (e.g. `labkit.measure.ratio_band` of
@@ -41,6 +42,8 @@ def versus(guess, measured, what: str, unit: str = "", band=None) -> Text:
         >>> print(versus(0.5, 0.62, "bf16 peak / fp32 peak"))
         bf16 peak / fp32 peak: you guessed 0.5, measured 0.62 (your guess was 0.81x the measured value).
     """
+    if hasattr(measured, "ratio") and hasattr(measured, "band"):  # a measure.Comparison
+        measured, band = measured.ratio, measured.band or (math.nan, math.nan)
     value = _number(measured, "measured")
     if band is not None and any(b is None or b != b for b in band):  # one timed step: no spread was measured
         band, noise = None, " (The run measured no spread to judge a guess by.)"

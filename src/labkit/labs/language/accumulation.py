@@ -3,6 +3,7 @@ grad_accum) against labkit's (summed token losses / the step's label tokens, `la
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -10,11 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from ... import text
+from ...config import RunConfig
 from ...display import number
 from ...errors import ConfigError
 from ...labresult import LabResult
 from ...messages import worded
-from ...models.language import build_llama
+from ...runsetup import Setup, set_up
 from ...techniques.token_loss import forward_inputs, micro_batch_loss, split_rows, token_loss_sum
 
 RULES = {"old": "mean / grad_accum", "labkit": "sum / step tokens"}
@@ -39,9 +41,12 @@ def _gradient(model) -> torch.Tensor:
     return grads
 
 
-def _digits(rows: int, seed: int) -> tuple[text.TokenData, int]:
-    train = text.load_text_splits("digits_sort", max(64, rows), 1, 1, seq_len=32, seed=seed)["train"]
-    return train, train.tokenizer.vocab_size
+def _digits(rows: int, seed: int) -> Setup:
+    """The loop's set-up of a random tiny_llama (seeded by ``seed``) on digits_sort, on the CPU in fp32: only the
+    grouping of the rows differs between the rules."""
+    cfg = RunConfig(model="tiny_llama", dataset="digits_sort", seq_len=32, train_size=max(64, rows), pretrained=False,
+                    precision="fp32", seed=seed, device="cpu")
+    return set_up(cfg, training=False)
 
 
 def gradient_errors(rows: int, grad_accum: int, seed: int, accumulate) -> tuple[dict, list[int]]:
@@ -49,10 +54,9 @@ def gradient_errors(rows: int, grad_accum: int, seed: int, accumulate) -> tuple[
     each micro-batch holds more label tokens than the one before."""
     if rows % grad_accum:
         raise ConfigError("grad_accum", grad_accum, f"a divisor of rows={rows} (micro-batches of equal rows)")
-    train, vocab_size = _digits(rows, seed)
-    batch = text.collate(sorted((train[i] for i in range(rows)), key=lambda e: len(e["input_ids"])))
-    torch.manual_seed(seed)
-    model = build_llama("tiny_llama", vocab_size)
+    run = _digits(rows, seed)
+    batch = text.collate(sorted((run.train[i] for i in range(rows)), key=lambda e: len(e["input_ids"])))
+    model = run.model
     token_loss_sum(model(**forward_inputs(batch)).logits, batch.labels).div(batch.counts().label_tokens).backward()
     whole = _gradient(model)
     errors = {}
@@ -69,16 +73,13 @@ def accumulation_losses(grad_accums=(1, 4), steps: int = 6, rows: int = 8, lr: f
                         seed: int = 0) -> pd.DataFrame:
     """The same model trained on the same batches once per rule and ``grad_accum``: each step's loss, and
     ``loss_change`` against the same rule's run at ``grad_accums[0]``."""
-    train, vocab_size = _digits(rows * steps, seed)
-    loader = text.make_token_loader(train, rows, packing="pad", shuffle=True, seed=seed, drop_last=True)
+    run = _digits(rows * steps, seed)
+    loader = text.make_token_loader(run.train, rows, packing="pad", shuffle=True, seed=seed, drop_last=True)
     batches = [b for _, b in zip(range(steps), loader, strict=False)]
-    torch.manual_seed(seed)
-    start = build_llama("tiny_llama", vocab_size).state_dict()
     records = []
     for rule in RULES:
         for grad_accum in grad_accums:
-            model = build_llama("tiny_llama", vocab_size)
-            model.load_state_dict(start)
+            model = copy.deepcopy(run.model)  # every run starts from the same weights
             optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
             for step, batch in enumerate(batches):
                 with torch.no_grad():

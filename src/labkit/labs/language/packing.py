@@ -10,13 +10,14 @@ import torch
 
 from ... import measure, text
 from ...choices import PACKINGS
+from ...config import RunConfig
 from ...display import number
 from ...errors import ConfigError
 from ...labresult import LabResult
 from ...measure import compare
 from ...messages import worded
-from ...models.language import build_llama
 from ...results import cached_frame
+from ...runsetup import set_up
 from ...techniques.token_loss import token_loss_sum
 from ...train import fit
 from .common import Record, per_real_token
@@ -99,15 +100,16 @@ class CrossDocument(Record):
 def cross_document_check(num_documents: int = 4, seq_len: int = 128, seed: int = 0) -> CrossDocument:
     """One packed row of short pydoc paragraphs through a random tiny_llama in train mode, cache off (as
     `TokenBatch.model_inputs` passes) and on (the default), against each paragraph run alone."""
-    data = text.load_text_splits("pydoc_text", 256, 1, 1, seq_len=seq_len, seed=seed)["train"]
+    run = set_up(RunConfig(model="tiny_llama", dataset="pydoc_text", seq_len=seq_len, train_size=256, pretrained=False,
+                           precision="fp32", seed=seed, device="cpu"), training=False)
+    data = run.train
     short = [i for i, n in enumerate(data.lengths().tolist()) if 4 <= n <= seq_len // num_documents]
     if len(short) < num_documents:
         raise ConfigError("num_documents", num_documents, f"fewer: only {len(short)} paragraphs fit {seq_len} tokens")
     batch = text.collate([data[i] for i in short[:num_documents]], packing="pack", seq_len=seq_len)
     if batch.input_ids.shape[0] != 1:
         raise ConfigError("seq_len", seq_len, f"wide enough for {num_documents} paragraphs in one row")
-    torch.manual_seed(seed)
-    model = build_llama("tiny_llama", data.tokenizer.vocab_size).train()  # train mode, as in a training step
+    model = run.model.train()  # the loop's seeded random tiny_llama, in train mode as in a training step
     diffs, losses, label_tokens = {}, [], int((batch.labels != text.IGNORE_INDEX).sum())
     with torch.no_grad():
         packed = {cache: model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=cache).logits[0]
