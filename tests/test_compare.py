@@ -40,6 +40,14 @@ def test_overlapping_spreads_are_noise_and_no_spread_is_never_called_real():
     assert missing.real is None and math.isnan(missing.ratio)
 
 
+def test_an_exact_value_is_a_point_against_the_others_spread():
+    zero = Measured.exact_value(0.0)
+    assert compare([0.01, 0.02, 0.015], zero).direction == 1  # every seed's change above nothing
+    assert compare(zero, [0.01, 0.02, 0.015]).direction == -1
+    assert compare([-0.01, 0.02, 0.015], zero).real is False  # the spread holds zero
+    assert compare(0.3, zero).real is None and compare(zero, zero).real is None  # a point has no spread to judge by
+
+
 def test_repeats_rows_and_accuracies_are_measurements():
     repeats = Measured.of([1.0, 1.1, 1.2, 1.05, 0.95])
     assert repeats.value == pytest.approx(1.05) and repeats.low < repeats.value < repeats.high

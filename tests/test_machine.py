@@ -111,15 +111,16 @@ def test_quantize_methods_offered_on_each_gpu(name, int4):
         offered = quantization.available("cuda")
         assert ("int4_weight_only" in offered) is int4
         assert "nf4_bnb" in offered and "fp16" in offered
-        table = methods.methods_table().set_index("method")
+        result = methods.methods_table()
+        table = result.frame.set_index("method")
         assert bool(table.loc["int4_weight_only", "runs on this GPU"]) is int4
-        assert "runs on this GPU" in methods.methods_columns(table.reset_index())
+        assert "runs on this GPU" in result.show_columns()
         why = quantization.supported("int4_weight_only", "cuda")
         if quantization.installed_version("torchao") is None:
             assert not int4 or "torchao is not installed" in why
         elif not int4:
             assert "compute capability 8.0+" in why and "nf4_bnb" in why
-    assert "runs on this GPU" not in methods.methods_table()  # this CPU
+    assert "runs on this GPU" not in methods.methods_table().frame  # this CPU
 
 
 def test_full_falls_back_when_the_data_can_be_neither_read_nor_downloaded(monkeypatch, tmp_path, capsys):

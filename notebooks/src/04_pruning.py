@@ -270,7 +270,8 @@ assert s.num_params_ratio["pruned"] <= 1 / 1.9 and s.flops_ratio["pruned"] < 0.6
 assert s.model_size_bytes_ratio["pruned"] < 0.6 and s.cpu_latency_s_ratio["pruned"] < 1
 recovered, before = (labkit.measure.Measured.accuracy(s.test_accuracy[m], P.test_size)
                      for m in ("pruned + recovery", "pruned"))
-assert labkit.measure.compare(recovered, before).direction != -1  # not lower beyond the test noise
+recovery = labkit.measure.compare(recovered, before)
+assert recovery.real is not None and recovery.direction != -1  # not lower beyond the test noise
 
 # %% [markdown]
 # Parameters fall faster than channels: a conv between two pruned layers loses half its inputs *and* half
@@ -309,8 +310,8 @@ assert ((runs.gained - runs.lost) / P.test_size - runs.delta).abs().max() < 1e-6
 # %% [markdown]
 # `gained` and `lost` count the test images the pruned models get right that their unpruned ones got
 # wrong, and the reverse: a rise of a few tenths of a point is a few images, about as many lost. The
-# line calls the best mean rise possibly real only when the pruned models' accuracies over seeds lie
-# above the spread of the unpruned ones'; otherwise it is chance.
+# line calls the best mean rise possibly real only when the change lies above zero with every random seed
+# (the spread of the changes) and beyond the test split's noise; otherwise it is chance.
 #
 # ## 6. Your turn: the panel
 # Choose the method (unstructured: zeros; structured: channels removed), the amount, the recovery steps and

@@ -119,7 +119,7 @@ for name in errors.frame.weight.unique():
 
 # %%
 methods = lab.methods_table()
-display.table(methods, lab.methods_columns(methods))  # `methods` also says which touch Linear layers only
+methods  # `methods.frame` also says which touch Linear layers only
 
 # %% [markdown]
 # **Dynamic** stores the Linear weights in int8 and quantizes each batch's activations on the fly; **weight-only**

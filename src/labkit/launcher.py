@@ -362,7 +362,7 @@ def failure(out: Path, nproc: int, code: int | None, elapsed_s: float, log: list
     ``error-rank<R>.json``), the one that died without a word (torchrun's summary), or the one the others waited
     for until the process group's timeout."""
     tail = "\n".join(log[-LOG_TAIL_LINES:])
-    records = sorted((json.loads(p.read_text()) for p in out.glob("error-rank*.json")), key=lambda r: r["time"])
+    records = sorted((json.loads(p.read_text()) for p in sorted(out.glob("error-rank*.json"))), key=lambda r: r["time"])
     ended = f"The job ended with exit code {code} after {elapsed_s:.1f} s"
 
     def error(message: str, rank: int | None = None) -> DistributedError:

@@ -136,8 +136,9 @@ def test_the_tables_and_charts_show_what_was_measured(table):
     assert "gpu_latency_s" in with_gpu.show_columns() and len(with_gpu.show_columns()) <= 7
     assert with_gpu.metrics()[-1] == "gpu_speedup"
     methods = lab.methods_table()
-    assert len(lab.methods_columns(methods)) <= 7 and "Linear only" in methods  # the rest stays in the frame
-    display.frame(methods, lab.methods_columns(methods))
+    assert len(methods.show_columns()) <= 7 and "Linear only" in methods.frame  # the rest stays in the frame
+    assert "runs on this GPU" not in methods.show_columns() or torch.cuda.is_available()
+    methods.table()
 
 
 def test_compare_refuses_unknown_methods(cfgs):
@@ -166,7 +167,7 @@ def test_fx_and_pt2e_static_int8_are_compared_on_the_same_fine_tune(cfgs):
 
 
 def test_pt2e_is_a_method_beside_the_others_but_not_timed_in_the_table():
-    methods = lab.methods_table().set_index("method")
+    methods = lab.methods_table().frame.set_index("method")
     assert methods.loc["int8_pt2e", "library"] == "torchao PT2E" and methods.loc["int8_pt2e", "calibration"]
     assert "int8_pt2e" not in lab.TABLE_METHODS and "int8_static" in lab.TABLE_METHODS
     assert labkit.RunConfig(quantize="int8_pt2e").quantize == "int8_pt2e"

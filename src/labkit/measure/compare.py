@@ -16,7 +16,8 @@ from .counts import accuracy_noise
 from .timing import ratio_band, separated, spread
 
 # What a comparison is called: by the direction of a real difference (-1: a lower, 1: a higher), 0 where the
-# spreads overlap, None where one has no spread (one timing, or a value without repeats).
+# spreads overlap (or an exact value lies inside the other's spread), None where one has no spread (one timing, or a
+# value without repeats) and is not exact.
 VERDICTS = {None: "no spread measured", 0: "within the noise", -1: "{lower}", 1: "{higher}"}
 
 
@@ -26,11 +27,18 @@ def _number(value) -> float:
 
 @dataclass(frozen=True)
 class Measured:
-    """One measurement: its value and the spread it was measured with (``low``, ``high``; NaN where none)."""
+    """One measurement: its value and the spread it was measured with (``low``, ``high``; NaN where none).
+    ``exact``: a value known without noise (a zero, a threshold), compared as a point against the other's spread."""
 
     value: float
     low: float = math.nan
     high: float = math.nan
+    exact: bool = False
+
+    @classmethod
+    def exact_value(cls, value: float) -> Measured:
+        """A value with no noise of its own (e.g. 0 for "did the change rise above nothing?")."""
+        return cls(float(value), float(value), float(value), exact=True)
 
     @classmethod
     def of(cls, x) -> Measured:
@@ -94,9 +102,11 @@ class Comparison:
 
     @property
     def order(self) -> int | None:
-        if not (self.a.has_spread and self.b.has_spread) or math.isnan(self.a.value) or math.isnan(self.b.value):
+        a, b = self.a, self.b
+        if math.isnan(a.value) or math.isnan(b.value) or not (a.has_spread or a.exact) or not (
+                b.has_spread or b.exact) or (a.exact and b.exact):
             return None
-        return separated((self.a.low, self.a.high), (self.b.low, self.b.high))
+        return separated((a.low, a.high), (b.low, b.high)) if a.has_spread and b.has_spread else _point_order(a, b)
 
     @property
     def real(self) -> bool | None:
@@ -131,6 +141,13 @@ def compare(a, b, words: tuple[str, str] = ("lower", "higher")) -> Comparison:
         (0.75, True, '0.75x (faster)')
     """
     return Comparison(Measured.of(a), Measured.of(b), tuple(words))
+
+
+def _point_order(a: Measured, b: Measured) -> int:
+    """An exact value against a spread: apart only where the value lies outside the whole spread."""
+    if a.exact:
+        return -_point_order(b, a)
+    return -1 if a.high < b.value else (1 if a.low > b.value else 0)
 
 
 def _ratio(value: float) -> str:

@@ -83,7 +83,7 @@ class LevelSweep(LabResult):
     def claim(self, level: str = "heavy") -> str:
         """Does "heavy freezing costs more accuracy than it saves time" hold at ``level``?"""
         base, row = _row(self.frame, "none"), _row(self.frame, level)
-        test_size = int(row.get("test_size") or 0)
+        test_size = int(row.get("test_size") or profile().test_size)
         acc = compare(Measured.accuracy(row["accuracy"], test_size), Measured.accuracy(base["accuracy"], test_size))
         saved = 1 - row["time_ratio"]
         lost_share = -acc.difference / base["accuracy"] if base["accuracy"] else math.nan

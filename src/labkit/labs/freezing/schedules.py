@@ -61,7 +61,7 @@ class Schedules(LabResult):
     """`schedule_runs`' rows: the fixed levels (``kind`` ``fixed``) and the schedules, trained for the same steps."""
 
     shown = ("setup", "kind", "accuracy", "mean_step_time_s", "num_trainable_params", "peak_memory_bytes", "schedule")
-    test_size: int = 0
+    test_size: int | None = None  # the test split's size (None: the profile's)
 
     @worded
     def finding(self) -> str:
@@ -70,8 +70,9 @@ class Schedules(LabResult):
         if "none" not in ok.index:
             raise ConfigError("frame", "no 'none' row", "a schedule_runs frame with the fixed level 'none'")
         best = ok.sort_values(["accuracy", "mean_step_time_s"], ascending=[False, True]).index[0]
-        top = Measured.accuracy(ok.loc[best, "accuracy"], self.test_size)
-        close = ok[[compare(Measured.accuracy(a, self.test_size), top).direction != -1 for a in ok["accuracy"]]]
+        size = self.test_size or profile().test_size
+        top = Measured.accuracy(ok.loc[best, "accuracy"], size)
+        close = ok[[compare(Measured.accuracy(a, size), top).direction != -1 for a in ok["accuracy"]]]
         fastest = close.sort_values("mean_step_time_s").index[0]
         time_ratio = ratio(ok.loc[fastest, "mean_step_time_s"], ok.loc["none", "mean_step_time_s"])
         return (f"Best accuracy: {best} ({ok.loc[best, 'accuracy']:.1%}); not lower beyond the test noise: "

@@ -59,7 +59,8 @@ class RankSweep(LabResult):
         for targets, rows in lora.groupby("targets", sort=False):
             against = [self.step_against_full(setup) for setup in rows.setup]
             verdicts = {c.verdict for c in against}  # one for all ranks, mixed, or none real: within the noise
-            verdict = verdicts.pop() if len(verdicts) == 1 else "mixed" if any(against) else VERDICTS[0]
+            verdict = (verdicts.pop() if len(verdicts) == 1 else "mixed" if any(against) else
+                       VERDICTS[None] if any(c.real is None for c in against) else VERDICTS[0])
             step, act = rows.step_time_s / full.step_time_s, rows.mem_activations_bytes / full.mem_activations_bytes
             steps.append(f"on {targets} {_span(step)} ({verdict}), "
                          f"activations {_span(act)}")

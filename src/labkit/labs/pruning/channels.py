@@ -44,15 +44,15 @@ class Structured(LabResult):
     """`structured`'s rows: dense, pruned, pruned with BatchNorm re-estimated, pruned and recovered."""
 
     shown = ("model", "num_params", "flops", "model_size_bytes", "latency_s", "cpu_latency_s", "test_accuracy")
-    test_size: int = 0
+    test_size: int | None = None  # the test split's size (None: the profile's)
 
     @worded
     def finding(self) -> str:
         by = self.frame.set_index("model")
         dense, pruned, rec = by.loc["dense"], by.loc["pruned"], by.loc["pruned + recovery"]
         latency = compare(Measured.row(pruned, "latency_s"), Measured.row(dense, "latency_s"), ("faster", "slower"))
-        acc = compare(Measured.accuracy(rec.test_accuracy, self.test_size),
-                      Measured.accuracy(dense.test_accuracy, self.test_size))
+        acc = compare(Measured.accuracy(rec.test_accuracy, self.test_size or profile().test_size),
+                      Measured.accuracy(dense.test_accuracy, self.test_size or profile().test_size))
         return (f"{dense.num_params / pruned.num_params:.1f}x fewer parameters, {dense.flops / pruned.flops:.1f}x "
                 f"fewer FLOPs; latency {latency} against the dense model; after {int(rec.recovery_steps)} recovery "
                 f"steps test accuracy is {rec.test_accuracy:.1%} against {dense.test_accuracy:.1%} dense "

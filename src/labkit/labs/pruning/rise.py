@@ -15,10 +15,10 @@ from ... import data
 from ...config import RunConfig
 from ...env import profile
 from ...errors import ConfigError
-from ...inference import _splits
 from ...labresult import LabResult
-from ...measure import compare
+from ...measure import Measured, compare
 from ...messages import worded
+from ...runsetup import run_splits
 from ...techniques import pruning
 from ...validate import is_int
 from .common import fine_tuned, points
@@ -30,7 +30,7 @@ RISE_AMOUNTS = (0.2, 0.4, 0.6, 0.8)
 
 def _predictions(model: nn.Module, cfg: RunConfig) -> torch.Tensor:
     """Whether each test image is classified right (a bool per image)."""
-    split = _splits(cfg)["test"]
+    split = run_splits(cfg, training=False)["test"]
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -49,26 +49,32 @@ class Repeats(LabResult):
 
     shown = ("amount", "accuracy_change", "rose", "seeds", "gained", "lost")
     runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    test_size: int | None = None  # the test split's size (None: the profile's)
 
     @classmethod
-    def of(cls, runs: pd.DataFrame) -> Repeats:
+    def of(cls, runs: pd.DataFrame, test_size: int | None = None) -> Repeats:
         rows = [{"amount": amount, "accuracy_change": statistics.mean(group.delta),
                  "change_std": statistics.stdev(group.delta) if len(group) > 1 else 0.0,
                  "rose": int((group.delta > 0).sum()), "seeds": len(group),
                  "gained": int(group.gained.sum()), "lost": int(group.lost.sum())}
                 for amount, group in runs.groupby("amount")]
-        return cls(pd.DataFrame(rows), runs=runs)
+        return cls(pd.DataFrame(rows), runs=runs, test_size=test_size)
 
     @worded
     def finding(self) -> str:
         best = self.frame.loc[self.frame.accuracy_change.idxmax()]
         at_best = self.runs[self.runs.amount == best.amount]
-        c = compare(list(at_best.test_accuracy), list(at_best.unpruned_accuracy))
-        verdict = "possibly real, worth more seeds." if c.direction == 1 else "no rise beyond chance."
+        # Real only beyond both noises: each seed's own change (paired, against nothing) and the test split's.
+        seeds = compare(list(at_best.delta), Measured.exact_value(0.0), words=("fell", "rose"))
+        size = self.test_size or profile().test_size
+        test = compare(Measured.accuracy(at_best.test_accuracy.mean(), size),
+                       Measured.accuracy(at_best.unpruned_accuracy.mean(), size), words=("lower", "higher"))
+        verdict = ("possibly real, worth more seeds." if seeds.direction == 1 and test.direction == 1 else
+                   "no rise beyond chance.")
         return (f"Over {self.runs.seed.nunique()} seeds x {len(self.frame)} amounts, accuracy rose in "
                 f"{int((self.runs.delta > 0).sum())} of {len(self.runs)} cases; the best mean change, "
-                f"{points(best.accuracy_change, sign=True, digits=2)} at {best.amount:.0%}: pruned against unpruned "
-                f"over seeds {c}, {verdict}")
+                f"{points(best.accuracy_change, sign=True, digits=2)} at {best.amount:.0%}: over the seeds' spread "
+                f"{seeds.verdict}, against the test split's noise {test.verdict}: {verdict}")
 
 
 def repeats(cfg: RunConfig, seeds: Iterable[int] | None = None, amounts: Iterable[float] = RISE_AMOUNTS,
@@ -89,4 +95,4 @@ def repeats(cfg: RunConfig, seeds: Iterable[int] | None = None, amounts: Iterabl
                          "unpruned_accuracy": float(right.float().mean()),
                          "delta": float(now.float().mean() - right.float().mean()),
                          "gained": int((now & ~right).sum()), "lost": int((~now & right).sum())})
-    return Repeats.of(pd.DataFrame(rows))
+    return Repeats.of(pd.DataFrame(rows), test_size=len(run_splits(cfg, training=False)["test"]))

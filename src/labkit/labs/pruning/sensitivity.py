@@ -65,14 +65,14 @@ class Ratios(LabResult):
 
     shown = ("scheme", "sparsity", "val_accuracy", "test_accuracy")
     ratios: dict = field(default_factory=dict)
-    test_size: int = 0
+    test_size: int | None = None  # the test split's size (None: the profile's)
 
     @worded
     def finding(self) -> str:
         by = self.frame.set_index("scheme")
         per, uni = by.loc["per-layer (from the scan)"], by.loc["uniform"]
-        c = compare(Measured.accuracy(per.test_accuracy, self.test_size),
-                    Measured.accuracy(uni.test_accuracy, self.test_size))
+        c = compare(Measured.accuracy(per.test_accuracy, self.test_size or profile().test_size),
+                    Measured.accuracy(uni.test_accuracy, self.test_size or profile().test_size))
         chosen = ", ".join(f"{layer} {r:.0%}" for layer, r in self.ratios.items())
         return (f"Chosen per layer: {chosen}. At {per.sparsity:.0%} of all weights: {per.test_accuracy:.1%} test "
                 f"accuracy with the scan's ratios, {uni.test_accuracy:.1%} uniform, "

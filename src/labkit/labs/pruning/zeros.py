@@ -52,7 +52,8 @@ class Puzzle(LabResult):
         latency = {row.amount: compare(Measured.row(row, "latency_s"), Measured.row(base, "latency_s"),
                                        ("faster", "slower")) for row in frame.iloc[1:].itertuples()}
         real = [f"{amount:.0%} {c}" for amount, c in latency.items() if c.real]
-        moved = f"; real at {', '.join(real)}" if real else f", each {next(iter(latency.values())).verdict}"
+        verdicts = sorted({c.verdict for c in latency.values()})  # none real: within the noise, or no spread
+        moved = f"; real at {', '.join(real)}" if real else (f", {' or '.join(verdicts)}" if verdicts else "")
         text = (f"At {top.sparsity:.0%} zeros the file is {top.size_ratio:.2f}x the dense one "
                 f"({top.masks_size_ratio:.2f}x with the masks attached), the inference peak {top.peak_ratio:.2f}x; "
                 f"latency {frame.latency_ratio.min():.2f}x-{frame.latency_ratio.max():.2f}x{moved}; "

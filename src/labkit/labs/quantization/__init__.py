@@ -5,7 +5,6 @@ from .methods import (
     TABLE_METHODS,
     flows,
     method_comparison,
-    methods_columns,
     methods_table,
     panel_estimate,
     panel_run,
@@ -16,7 +15,7 @@ from .workload import calibration_batches, fine_tuned, library_versions, qat_vs_
 
 __all__ = [
     "ALL_INT8", "FP32", "HEAD_FLOAT", "KEEP_FLOAT_CHOICES", "SIMULATED_BITS", "TABLE_METHODS", "calibration_batches",
-    "fine_tuned", "flows", "library_versions", "lm_quantization", "method_comparison", "methods_columns",
-    "methods_table", "panel_estimate", "panel_run", "qat_vs_ptq", "scheme_errors", "sensitivity", "stacking",
+    "fine_tuned", "flows", "library_versions", "lm_quantization", "method_comparison", "methods_table",
+    "panel_estimate", "panel_run", "qat_vs_ptq", "scheme_errors", "sensitivity", "stacking",
     "workloads",
 ]

@@ -51,7 +51,15 @@ FLOWS = {"int8_static": "FX graph mode (torch.ao, deprecated)", "int8_pt2e": "PT
 STACKED = "fp16 then int8 dynamic"
 
 
-def methods_table() -> pd.DataFrame:
+@dataclass
+class MethodsTable(LabResult):
+    """`METHODS` and QAT, one row each; the table shows what a learner reads (the GPU's column where there is one),
+    the frame also which touch Linear layers only."""
+
+    shown = ("method", "what it does", "library", "weight bits", "calibration", "runs on this CPU", "runs on this GPU")
+
+
+def methods_table() -> MethodsTable:
     """`METHODS` and QAT as a table, with whether each runs on this CPU (and on this GPU if there is one)."""
     gpu = cuda_usable()
     rows = [{"method": m.name, "what it does": m.description, "library": m.api, "weight bits": m.weight_bits,
@@ -62,13 +70,7 @@ def methods_table() -> pd.DataFrame:
     rows.append({"method": QAT, "what it does": "fine-tuned with int8 rounding, then int8", "library": QAT_API,
                  "weight bits": 8, "calibration": False, "Linear only": False, "runs on this CPU": True,
                  **({"runs on this GPU": False} if gpu else {})})
-    return pd.DataFrame(rows)
-
-
-def methods_columns(frame: pd.DataFrame) -> list[str]:
-    """The columns of `methods_table` a learner reads (at most 7): the GPU's where there is one."""
-    return ["method", "what it does", "library", "weight bits", "calibration", "runs on this CPU",
-            *(["runs on this GPU"] if "runs on this GPU" in frame else [])]
+    return MethodsTable(pd.DataFrame(rows))
 
 
 @dataclass
