@@ -206,3 +206,12 @@ def test_flops_of_the_gpu_attention_kernels_count_grouped_query_attention(monkey
     q, k, v = (torch.randn(2, 4, 8, 16, device="meta", requires_grad=True) for _ in range(3))
     step = torch.ops.aten._scaled_dot_product_efficient_attention
     assert measure.count_flops(lambda: step(q, k, v, None, True)[0].sum().backward()) == 3 * forward
+
+
+def test_in_turns_times_each_call_once_a_round():
+    log = []
+    calls = {"fast": lambda: log.append("fast"), "slow": lambda: (log.append("slow"), time.sleep(0.002))}
+    times = measure.in_turns(calls, repeats=4, device=torch.device("cpu"))
+    assert log == ["fast", "slow"] * 4
+    (fast, *_), (slow, slow_p10, slow_p90) = times["fast"], times["slow"]
+    assert fast < slow_p10 <= slow <= slow_p90 and slow >= 0.002

@@ -24,6 +24,7 @@ from .timing import (
     Latency,
     StepTimer,
     TimingPitfalls,
+    in_turns,
     measure_latency,
     ratio_band,
     reset_memory,
@@ -37,7 +38,7 @@ from .timing import (
 
 __all__ = ["VERDICTS", "Comparison", "Latency", "Measured", "MemoryBreakdown", "PEAK_FLOPS", "StepTimer",
            "TimingPitfalls", "accuracy_noise", "compare",
-           "allocated_now", "count_flops", "count_parameters", "cuda_peak_memory", "inference_peak_bytes",
+           "allocated_now", "count_flops", "count_parameters", "in_turns", "cuda_peak_memory", "inference_peak_bytes",
            "measure_latency", "model_size_bytes", "new_micro_batch", "optimizer_state_bytes", "peak_flops",
            "ratio_band", "reserved_now", "reset_memory", "reset_peak", "separated", "spread", "synchronize",
            "tensor_bytes", "timing_pitfalls", "track_step_memory", "warm_up_libraries"]

@@ -25,17 +25,10 @@ class Record(LabResult):
 
 
 def interleaved(calls: dict, repeats: int, device, column: str = "step_time_s") -> dict:
-    """Each call timed ``repeats`` times, one of each per round (a busy moment slows all alike): per key, the median
-    ``column`` with its ``_p10``/``_p90`` (a `labkit.measure.StepTimer`, which synchronises a GPU)."""
-    timers = {key: measure.StepTimer(device) for key in calls}
-    for _ in range(repeats):
-        for key, call in calls.items():
-            timers[key].start()
-            call()
-            timers[key].stop()
+    """`labkit.measure.in_turns` as rows: per key, the median ``column`` with its ``_p10``/``_p90``."""
     stem = column[:-2]
-    return {key: dict(zip((column, f"{stem}_p10_s", f"{stem}_p90_s"), measure.spread(timer.times_s()), strict=True))
-            for key, timer in timers.items()}
+    return {key: dict(zip((column, f"{stem}_p10_s", f"{stem}_p90_s"), times, strict=True))
+            for key, times in measure.in_turns(calls, repeats, device).items()}
 
 
 def per_real_token(row) -> Measured:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -110,15 +109,9 @@ def _in_turns(calls: dict) -> dict:
     """Each CPU call's median, p10 and p90 time (``<name>_matmul_s``, ``_p10_s``, ``_p90_s``), timed in turns."""
     for call in calls.values():
         call()  # warm-up
-    times = {name: [] for name in calls}
     # A quarter of the profile's repeats, at least 5: at `full` a dense CPU product of a ResNet's largest conv
     # takes a good fraction of a second.
-    for _ in range(max(5, profile().repeats // 4)):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    spreads = {name: measure.spread(t) for name, t in times.items()}
+    spreads = measure.in_turns(calls, max(5, profile().repeats // 4), torch.device("cpu"))
     return {f"{name}_matmul{part}_s": value for name, spread in spreads.items()
             for part, value in zip(("", "_p10", "_p90"), spread, strict=True)}
 
