@@ -80,39 +80,41 @@ def lora_parameters(shape: DecoderShape, rank: int, targets=("q_proj", "v_proj")
     bad = [t for t in targets if t not in LINEAR_TARGETS]
     if bad or not targets:
         raise ConfigError("lora_targets", list(targets), f"'all' or names from {list(LINEAR_TARGETS)}")
-    h, i, kv = shape.hidden_size, shape.intermediate_size, shape.num_key_value_heads * shape.head_dim
-    sizes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h), "gate_proj": (h, i),
+    h, i, kv, q = shape.hidden_size, shape.intermediate_size, shape.num_key_value_heads * shape.head_dim, shape.q_width
+    sizes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i),
              "up_proj": (h, i), "down_proj": (i, h)}
     return shape.num_hidden_layers * sum(rank * sum(sizes[t]) for t in targets)
 
 
 def layer_activation_bytes(shape: DecoderShape, precision: str = "fp32", attn_implementation: str = "sdpa",
-                           seq_len: int = 512, lora_rank: int = 0, lora_targets=()) -> float:
+                           seq_len: int = 512, lora_rank: int = 0, lora_targets=(), masked: bool = True) -> float:
     """Bytes one decoder layer keeps per token for the backward pass (see the module docstring for the terms).
 
     With ``lora_rank`` the base is frozen, and a frozen Linear keeps no input (its weight takes no gradient): a
-    projection's input is kept only where an adapter reads it, the RMSNorms keep only their fp32 input.
+    projection's input is kept only where an adapter reads it, the RMSNorms keep only their fp32 input. ``masked``:
+    the batch has padding, so SDPA gets a mask, which it keeps per layer in the queries' dtype (``seq_len`` values a
+    token), and transformers repeats the keys and values to every head (SDPA's GQA takes no mask).
     """
     a, h, i = _HALF[precision], shape.hidden_size, shape.intermediate_size
-    kv, heads = shape.num_key_value_heads * shape.head_dim, shape.num_attention_heads
-    attention = a * (h + 2 * kv) + a * h + 4 * heads  # rotated q, k, v, SDPA's output and log-sum-exp
+    kv, q, heads = shape.num_key_value_heads * shape.head_dim, shape.q_width, shape.num_attention_heads
+    adapted = set(lora_targets)
+    if attn_implementation == "eager":  # q, k and v repeated to every head, the probabilities (fp32 from the
+        # softmax, plus their half copy under autocast) and o_proj's input, a copy, where its weight or adapter needs it
+        attention = 3 * a * q + heads * seq_len * (4 + (a if a != 4 else 0))
+        attention += a * q * (not lora_rank or "o_proj" in adapted)
+    else:  # rotated q, k and v, SDPA's output (it is o_proj's input) and log-sum-exp, the mask it was given
+        attention = a * (2 * q + 2 * (q if masked else kv)) + 4 * heads + (a * seq_len if masked else 0)
     if not lora_rank:
-        per_token = 2 * h * (8 + a) + attention + a * h + 4 * a * i  # + o_proj's and down_proj's inputs
-    else:
-        adapted = set(lora_targets)
-        per_token = 2 * 4 * h + attention + 3 * a * i  # the norms' fp32 inputs; gate's, up's and SiLU's outputs
-        per_token += a * h * (bool(adapted & {"q_proj", "k_proj", "v_proj"}) + ("o_proj" in adapted)
-                              + bool(adapted & {"gate_proj", "up_proj"}))
-        per_token += a * i * ("down_proj" in adapted) + a * lora_rank * len(adapted)  # and each adapter's A x
-    if attn_implementation == "eager":
-        per_token += heads * seq_len * (4 + (a if a != 4 else 0)) + 2 * a * (h - kv)
-    return per_token
+        return 2 * h * (8 + a) + attention + 4 * a * i  # the norms and their projections' inputs; the SwiGLU MLP
+    per_token = 2 * 4 * h + attention + 3 * a * i  # the norms' fp32 inputs; gate's, up's and SiLU's outputs
+    per_token += a * h * (bool(adapted & {"q_proj", "k_proj", "v_proj"}) + bool(adapted & {"gate_proj", "up_proj"}))
+    return per_token + a * i * ("down_proj" in adapted) + a * lora_rank * len(adapted)  # and each adapter's A x
 
 
 def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len: int = 512, micro_batch: int = 1,
                        precision: str = "fp32", optimizer: str = "adamw", lora_rank: int = 16,
                        lora_targets=("q_proj", "v_proj"), checkpointing: bool = False,
-                       attn_implementation: str = "sdpa", vocab_size: int | None = None) -> dict:
+                       attn_implementation: str = "sdpa", vocab_size: int | None = None, masked: bool = True) -> dict:
     """A language model's fine-tuning memory by category and its peak (``total``), in bytes (module docstring).
 
     Args:
@@ -121,6 +123,7 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
         precision: ``fp32``, or ``bf16``/``fp16`` autocast. optimizer: `training_memory`'s (``adamw``, ...).
         lora_rank, lora_targets: the adapters (``"all"``: every linear layer). checkpointing: per decoder layer.
         attn_implementation: ``sdpa`` or ``eager``. vocab_size: the tokenizer's (labkit's Llamas; None: the model's).
+        masked: the batch has padding (`layer_activation_bytes`); False for rows of one length (packed, all cut).
 
     Example:
         >>> lm_training_memory("qwen2.5_1.5b", "qlora", seq_len=512, precision="fp16")["total"] / 2**30
@@ -146,20 +149,30 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
         base = 2 if a == 2 else 4
         linear = shape.num_hidden_layers * sum(shape.layer_linear_params().values())
         weights = state["weights"] + (NF4_BYTES if method == "qlora" else base) * linear + base * (n - linear)
-    layer = layer_activation_bytes(shape, precision, attn_implementation, seq_len, rank, targets)
-    tokens = seq_len * micro_batch
-    kept = tokens * 4 * shape.hidden_size * shape.num_hidden_layers if checkpointing else 0  # each layer's input
-    layers = tokens * layer * (1 if checkpointing else shape.num_hidden_layers)  # one recomputed at a time
+    layer = layer_activation_bytes(shape, precision, attn_implementation, seq_len, rank, targets, masked)
+    tokens, h, count = seq_len * micro_batch, shape.hidden_size, shape.num_hidden_layers
+    kept = tokens * 4 * h * count if checkpointing else 0  # each layer's input
+    layers = tokens * layer * (1 if checkpointing else count)  # one recomputed at a time
     if rank and not checkpointing:  # below the first adapter nothing needs a gradient: layer 0's norm keeps nothing
-        layers -= tokens * 4 * shape.hidden_size
+        layers -= tokens * 4 * h
     # the final RMSNorm's fp32 input, and with a trained output layer its normalized value and the layer's input
-    final_norm = tokens * shape.hidden_size * (4 if rank else 8 + a)
+    final_norm = tokens * h * (4 if rank else 8 + a)
+    mask = tokens * seq_len if masked and attn_implementation == "sdpa" else 0  # the boolean padding mask, L x L a row
     out = {"weights": weights, "gradients": state["gradients"], "optimizer_state": state["optimizer_state"],
-           "activations": kept + layers + final_norm,
+           "activations": kept + layers + final_norm + mask,
            "logits": tokens * shape.vocab_size * (12 + (a if a == 2 else 0))}
     out = {k: int(round(v)) for k, v in out.items()}
-    # Checkpointed, the loss's backward (logits) is over before the first layer is recomputed.
-    start = kept + (max(out["logits"] + final_norm, layers) if checkpointing else layers + final_norm + out["logits"])
-    end = out["gradients"] + tokens * layer
-    out["total"] = out["weights"] + out["optimizer_state"] + int(max(start, end))
+    # A layer's backward holds, beyond what the layer kept, the MLP's gradients (two of its width) and the hidden
+    # state's gradient with its residual copy (fp32); the embeddings' and output layer's gradients come first.
+    backward = tokens * (2 * a * shape.intermediate_size + 8 * h)
+    head_grads = out["gradients"] - (0 if rank else 4 * count * (sum(shape.layer_linear_params().values()) + 2 * h))
+    # The peak is at the start of the backward pass (checkpointed: the loss's backward is over before the first layer
+    # is recomputed), in the top layer's backward (every activation still kept) or in the bottom one's (every gradient).
+    start = kept + mask + (max(out["logits"] + final_norm, layers) if checkpointing else
+                           layers + final_norm + out["logits"])
+    top = head_grads + kept + mask + layers + backward
+    # the bottom layer's own gradients are made in its backward, the MLP's first
+    bottom = out["gradients"] - (out["gradients"] - head_grads) / count + mask + backward + tokens * (
+        layer + (4 * h if checkpointing else 0))
+    out["total"] = out["weights"] + out["optimizer_state"] + int(max(start, top, bottom))
     return out

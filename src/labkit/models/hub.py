@@ -44,7 +44,8 @@ class DecoderShape:
     """A decoder-only transformer's shape, in `LlamaConfig`'s names: what memory and FLOPs depend on.
 
     ``attention_bias``: biases on the q, k, v projections (Qwen2). ``tie_word_embeddings``: the output layer is the
-    token embedding's matrix (one copy of vocab x hidden weights).
+    token embedding's matrix (one copy of vocab x hidden weights). ``explicit_head_dim``: a config's own ``head_dim``
+    where it is not hidden / heads (Qwen3, Gemma; 0: hidden / heads).
     """
 
     hidden_size: int
@@ -56,17 +57,23 @@ class DecoderShape:
     tie_word_embeddings: bool
     max_position_embeddings: int
     attention_bias: bool = False
+    explicit_head_dim: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_width(self) -> int:
+        """The queries' width (heads x head dim): q_proj's outputs, o_proj's inputs."""
+        return self.num_attention_heads * self.head_dim
 
     def layer_linear_params(self) -> dict:
         """One decoder layer's linear weights (biases included) by projection: q, k, v, o, gate, up, down."""
         h, kv, i = self.hidden_size, self.num_key_value_heads * self.head_dim, self.intermediate_size
-        bias = int(self.attention_bias)
-        return {"q_proj": h * h + bias * h, "k_proj": h * kv + bias * kv, "v_proj": h * kv + bias * kv,
-                "o_proj": h * h, "gate_proj": h * i, "up_proj": h * i, "down_proj": i * h}
+        q, bias = self.q_width, int(self.attention_bias)
+        return {"q_proj": h * q + bias * q, "k_proj": h * kv + bias * kv, "v_proj": h * kv + bias * kv,
+                "o_proj": q * h, "gate_proj": h * i, "up_proj": h * i, "down_proj": i * h}
 
     def num_parameters(self) -> int:
         """All parameters: embeddings, layers (linear weights and two RMSNorm gains each), final norm, output layer.
