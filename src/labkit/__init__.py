@@ -16,6 +16,7 @@ from .capacity import estimate_memory, find_max_batch_size, training_memory
 from .config import RunConfig
 from .configfile import load_config, save_config
 from .env import env_report, profile
+from .finetune import Finetune
 from .project import __version__
 from .result import RunResult
 from .results import load_reference, sweep
@@ -23,6 +24,7 @@ from .train import fit
 from .troubleshoot import doctor
 
 __all__ = [
+    "Finetune",
     "RunConfig",
     "RunResult",
     "__version__",

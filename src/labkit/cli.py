@@ -1,4 +1,5 @@
-"""Command line: `labkit env | run | sweep | doctor | pretrain | bench | solutions`."""
+"""Command line: `labkit env | run | sweep | doctor | pretrain | bench | solutions`, and a learner's own fine-tune:
+`labkit audit | plan | measure | recommend MODEL --data SPEC --gpu t4`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .configfile import load_config, parse_yaml
 from .display import MAX_TABLE_COLUMNS, text_record, text_table
 from .env import env_report
 from .errors import ConfigError, LabkitError
+from .finetune import Finetune
 from .labs.catalog import all_exercises
 from .messages import wrap
 from .pretrain import pretrain
@@ -108,6 +110,45 @@ def _cmd_solutions(args) -> int:
     return 0
 
 
+FINETUNE_STEPS = ("audit", "plan", "measure", "recommend")
+
+
+def _cmd_finetune(args) -> int:
+    """One step of `labkit.Finetune` on MODEL and --data: its table in human units (or --json), then its finding."""
+    mine = Finetune(args.model, data=args.data, gpu=args.gpu, seq_len=args.seq_len, batch_size=args.batch_size,
+                    loss_on=args.loss_on)
+    if args.command == "plan":
+        result = mine.plan(methods=("full", "lora", "qlora") if args.method == "auto" else (args.method,))
+    elif args.command == "measure":
+        result = mine.measure(methods=("full", "lora") if args.method in ("auto", "qlora") else (args.method,))
+    else:
+        result = getattr(mine, args.command)()
+    if args.command == "recommend" and args.export:
+        print(result.yaml() if args.export == "yaml" else json.dumps(
+            {"SFTConfig": result.sft, "LoraConfig": result.lora, "BitsAndBytesConfig": result.bnb}, indent=1))
+        return 0
+    if args.json:
+        print(json.dumps({"finding": str(result.finding()), "rows": json.loads(result.frame.to_json(
+            orient="records"))}, indent=1))
+    else:
+        print(result.text())
+    return 1 if args.command == "audit" and result.faults else 0
+
+
+def _finetune_parser(sub, name: str, text: str) -> None:
+    cmd = sub.add_parser(name, help=text)
+    cmd.add_argument("model", help="a hub id (Qwen/Qwen2.5-0.5B) or a folder holding config.json")
+    cmd.add_argument("--data", required=True, help="a .jsonl/.json/.csv/.parquet file or hf:ORG/NAME")
+    cmd.add_argument("--gpu", help="t4, kaggle-2xt4, this or a size such as 24GiB (default: this GPU, else t4)")
+    cmd.add_argument("--method", default="auto", choices=["full", "lora", "qlora", "auto"])
+    cmd.add_argument("--seq-len", type=int, help="the most tokens an example keeps (default 1024)")
+    cmd.add_argument("--batch-size", type=int, default=8, help="rows per optimizer step (default 8)")
+    cmd.add_argument("--loss-on", choices=["completion", "assistant", "all"], help="default: the data's shape's")
+    cmd.add_argument("--json", action="store_true", help="the rows and finding as JSON, for scripts")
+    if name == "recommend":
+        cmd.add_argument("--export", choices=["yaml", "trl"], help="print labkit's YAML or TRL/PEFT arguments only")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,11 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "--suite, part or notebook names, e.g. 01_mixed_precision-compare 08_lora")
     sol = sub.add_parser("solutions", help="the notebooks' exercises with their worked solutions (for instructors)")
     sol.add_argument("names", nargs="*", help="exercise names, e.g. 01.amp_step (default: all)")
+    _finetune_parser(sub, "audit", "your data through your tokenizer: lengths, truncation, what is trained, EOS, "
+                     "template, packing leak (exit 1 on a fault)")
+    _finetune_parser(sub, "plan", "predicted memory of full / LoRA / QLoRA at your lengths against a GPU, no weights")
+    _finetune_parser(sub, "measure", "a few steps here, longest batch first: measured peak beside predicted")
+    _finetune_parser(sub, "recommend", "the run the plan supports, as labkit YAML or TRL / PEFT arguments")
     return parser
 
 
 COMMANDS = {"env": _cmd_env, "run": _cmd_run, "sweep": _cmd_sweep, "doctor": _cmd_doctor, "pretrain": _cmd_pretrain,
-            "bench": _cmd_bench, "solutions": _cmd_solutions}
+            "bench": _cmd_bench, "solutions": _cmd_solutions, **dict.fromkeys(FINETUNE_STEPS, _cmd_finetune)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,7 +114,8 @@ def layer_activation_bytes(shape: DecoderShape, precision: str = "fp32", attn_im
 def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len: int = 512, micro_batch: int = 1,
                        precision: str = "fp32", optimizer: str = "adamw", lora_rank: int = 16,
                        lora_targets=("q_proj", "v_proj"), checkpointing: bool = False,
-                       attn_implementation: str = "sdpa", vocab_size: int | None = None, masked: bool = True) -> dict:
+                       attn_implementation: str = "sdpa", vocab_size: int | None = None, masked: bool = True,
+                       loss_chunks: int | None = None) -> dict:
     """A language model's fine-tuning memory by category and its peak (``total``), in bytes (module docstring).
 
     Args:
@@ -124,6 +125,8 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
         lora_rank, lora_targets: the adapters (``"all"``: every linear layer). checkpointing: per decoder layer.
         attn_implementation: ``sdpa`` or ``eager``. vocab_size: the tokenizer's (labkit's Llamas; None: the model's).
         masked: the batch has padding (`layer_activation_bytes`); False for rows of one length (packed, all cut).
+        loss_chunks: the output layer and the loss a slice at a time (`labkit.techniques.chunked_loss`): one slice's
+            logits alive instead of all of them.
 
     Example:
         >>> lm_training_memory("qwen2.5_1.5b", "qlora", seq_len=512, precision="fp16")["total"] / 2**30
@@ -134,7 +137,7 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     if precision not in _HALF:
         raise ConfigError("precision", precision, f"one of {list(_HALF)} (bf16/fp16: autocast)")
     check_choice("attn_implementation", attn_implementation, ATTN_IMPLEMENTATIONS)
-    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch)):
+    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("loss_chunks", loss_chunks or 1)):
         if not is_int(value) or value < 1:
             raise ConfigError(name, value, "a positive integer")
     a, n = _HALF[precision], shape.num_parameters()
@@ -160,7 +163,7 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     mask = tokens * seq_len if masked and attn_implementation == "sdpa" else 0  # the boolean padding mask, L x L a row
     out = {"weights": weights, "gradients": state["gradients"], "optimizer_state": state["optimizer_state"],
            "activations": kept + layers + final_norm + mask,
-           "logits": tokens * shape.vocab_size * (12 + (a if a == 2 else 0))}
+           "logits": tokens * shape.vocab_size * (12 + (a if a == 2 else 0)) / (loss_chunks or 1)}
     out = {k: int(round(v)) for k, v in out.items()}
     # A layer's backward holds, beyond what the layer kept, the MLP's gradients (two of its width) and the hidden
     # state's gradient with its residual copy (fp32); the embeddings' and output layer's gradients come first.

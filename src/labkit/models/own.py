@@ -27,7 +27,7 @@ from ..env import OFFLINE_ENV, is_online
 from ..errors import ConfigError
 from ..messages import note
 from ..text import HubTokenizer
-from .hub import dtype_argument, transformers_module
+from .hub import DecoderShape, dtype_argument, transformers_module
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "assets" / "configs"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.-]+)?$")
@@ -238,3 +238,20 @@ def build_own_language_model(spec: str, vocab_size: int | None, tokenizer_name: 
                "train from scratch on purpose.")
     note(warning)
     return model, "random", warning
+
+
+def config_shape(config) -> DecoderShape:
+    """The `DecoderShape` of a transformers decoder config (what a plan needs: no weights are built).
+
+    Example:
+        >>> config_shape(model_config("Qwen/Qwen2.5-7B")).num_parameters()
+        7615616512
+    """
+    head_dim = getattr(config, "head_dim", None) or 0
+    heads = config.num_attention_heads
+    return DecoderShape(config.hidden_size, config.intermediate_size, config.num_hidden_layers, heads,
+                        getattr(config, "num_key_value_heads", None) or heads, config.vocab_size,
+                        bool(getattr(config, "tie_word_embeddings", False)),
+                        int(getattr(config, "max_position_embeddings", 0) or 2**31 - 1),
+                        bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2",
+                        0 if head_dim * heads == config.hidden_size else head_dim)

@@ -107,16 +107,43 @@ def _cached(key, tokenizer, seq_len, loss_on, columns, train_size, seed, online)
     return _load(key[0], tokenizer, seq_len, loss_on, dict(columns), train_size, seed, online)
 
 
-def _load(spec, tokenizer, seq_len, loss_on, columns, train_size, seed, online) -> dict[str, TokenData]:
+@dataclass(frozen=True)
+class Encoded:
+    """A learner's records encoded whole (before truncation): ``examples`` (ids, labels), ``shape``, ``loss_on``,
+    ``template`` (`OwnDataReport`'s) and ``source``."""
+
+    examples: list
+    shape: str
+    loss_on: str
+    template: str | None
+    source: str
+
+
+def encode_records(spec, tokenizer, loss_on: str | None = None, columns: dict | None = None,
+                   online: bool = True) -> Encoded:
+    """Every record of ``spec`` as token ids and labels, the loss where ``loss_on`` puts it (`load_own_splits`'s
+    arguments), nothing cut or dropped: what the audit reads.
+
+    Example:
+        >>> encode_records("chats.jsonl", tokenizer).shape
+        'messages'
+    """
     records, where, source = read_records(spec, online)
     shape, records = detect_shape(records, columns, source)
     loss_on = check_loss_on(loss_on, shape)
     template = _template_use(tokenizer, shape, loss_on)
+    examples = [encode_example(tokenizer, to_example(record, shape, at), loss_on, at)
+                for record, at in zip(records, where, strict=True)]
+    return Encoded(examples, shape, loss_on, template, source)
+
+
+def _load(spec, tokenizer, seq_len, loss_on, columns, train_size, seed, online) -> dict[str, TokenData]:
+    data = encode_records(spec, tokenizer, loss_on, columns, online)
+    records, shape, loss_on, template, source = data.examples, data.shape, data.loss_on, data.template, data.source
     if template is not None and ("found by labkit" in template or "ChatML" in template):
         note(f"{source}: {template}")
     encoded, truncated, dropped = [], 0, 0
-    for record, at in zip(records, where, strict=True):
-        ids, labels = encode_example(tokenizer, to_example(record, shape, at), loss_on, at)
+    for ids, labels in records:
         cut = len(ids) > seq_len
         truncated += cut
         ids, labels = ids[:seq_len], labels[:seq_len]

@@ -1,0 +1,96 @@
+"""Measure a learner's fine-tune here: a few steps of each method, every row padded to the longest example's length
+(``packing="pad_max"``), so that every step is as large as the largest batch the run will meet and an out-of-memory
+shows at the first step, not the hundredth. Each row puts the measured peak (`labkit.fit`'s ``peak_memory_bytes``:
+the allocator on a GPU, every live tensor on a CPU) beside the predicted one (`labkit.capacity.lm_training_memory`,
+without the plan's GPU overhead) and prints the error. Each run is cached (`labkit.results.cached_fit`), so an
+interrupted measurement keeps the rows that finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..capacity import lm_training_memory
+from ..config import RunConfig
+from ..labresult import LabResult
+from ..measure import Measured, compare
+from ..messages import worded
+from ..models.hub import DecoderShape
+from ..results import cached_fit
+from ..units import mib
+from .plan import LORA, METHOD_NAMES
+
+ERROR_BOUND = 0.10  # the stated accuracy: predicted within 10 % of measured (never more than 5 % under)
+UNDER_BOUND = 0.05
+
+
+def method_config(base: RunConfig, method: str) -> RunConfig:
+    """``base`` as ``method`` trains it: full, or LoRA (`LORA`: rank 16 on every linear layer)."""
+    if method == "full":
+        return base.replace(lora_rank=None)
+    return base.replace(lora_rank=LORA["lora_rank"], lora_targets="all-linear")
+
+
+def predicted_peak(shape: DecoderShape, cfg: RunConfig, precision: str, method: str) -> int:
+    """The formula's peak for ``cfg`` as it ran (rows of ``cfg.seq_len`` tokens, padded)."""
+    lora = LORA if method != "full" else {}
+    return lm_training_memory(shape, method, cfg.seq_len, cfg.batch_size // cfg.grad_accum, precision=precision,
+                              optimizer=cfg.optimizer, checkpointing=bool(cfg.checkpointing),
+                              attn_implementation=cfg.attn_implementation, loss_chunks=cfg.loss_chunks,
+                              **lora)["total"]
+
+
+@dataclass
+class Measurement(LabResult):
+    """One row per method measured: predicted and measured peak, the error, tokens/s, real tokens/s, MFU."""
+
+    shown = ("method", "predicted_bytes", "peak_memory_bytes", "error", "tokens_per_s", "real_tokens_per_s", "mfu")
+
+    @worded
+    def finding(self) -> str:
+        rows = self.frame.dropna(subset=["peak_memory_bytes"])
+        if not len(rows):
+            return "Nothing was measured: " + "; ".join(self.frame["error_message"].dropna()) + "."
+        worst = rows.loc[rows["error"].abs().idxmax()]
+        held = ((rows["error"].abs() <= ERROR_BOUND) & (rows["error"] >= -UNDER_BOUND)).all()
+        parts = [f"{r.method}: predicted {mib(r.predicted_bytes)}, measured {mib(r.peak_memory_bytes)} ({r.error:+.1%})"
+                 for r in rows.itertuples()]
+        speed = ""
+        if len(rows) > 1 and {"full", "LoRA"} <= set(rows["method"]):
+            by = rows.set_index("method")
+            step = compare(Measured.row(by.loc["LoRA"], "step_time_s"), Measured.row(by.loc["full"], "step_time_s"),
+                           ("faster", "slower"))
+            speed = f" A LoRA step against a full one: {step}."
+        verdict = ("every prediction within its stated error (+-10 %, never 5 % under)" if held else
+                   f"OUTSIDE the stated error at {worst.method} ({worst.error:+.1%})")
+        return "; ".join(parts) + f": {verdict}." + speed
+
+
+def measure_methods(base: RunConfig, shape: DecoderShape, methods=("full", "lora"), refresh: bool = False,
+                    progress: bool = False) -> Measurement:
+    """Run ``base`` (a learner's model and data, rows of ``base.seq_len`` tokens) as each method and measure it.
+
+    Args:
+        base: the run, with ``packing="pad_max"`` and a few ``max_steps``. shape: the model's `DecoderShape`.
+        methods: ``full`` and/or ``lora``. refresh: rerun cached rows. progress: a bar per run.
+
+    Example:
+        >>> measure_methods(cfg, config_shape(model_config(cfg.model))).frame[["method", "error"]]
+    """
+    rows = []
+    for method in methods:
+        cfg = method_config(base, method)
+        result = cached_fit(cfg, refresh=refresh, progress=progress)
+        row = {"method": METHOD_NAMES[method], "seq_len": cfg.seq_len, "batch": cfg.batch_size,
+               "precision": result.precision_used, "error_message": result.error}
+        if result.ok:
+            guess = predicted_peak(shape, cfg, result.precision_used, method)
+            row.update(predicted_bytes=guess, peak_memory_bytes=result.peak_memory_bytes,
+                       error=guess / result.peak_memory_bytes - 1, tokens_per_s=result.tokens_per_s,
+                       real_tokens_per_s=result.real_tokens_per_s, mfu=result.mfu, step_time_s=result.step_time_s,
+                       step_time_p10_s=result.step_time_p10_s, step_time_p90_s=result.step_time_p90_s,
+                       **{f"measured_{k}_bytes": v for k, v in result.memory_at_peak.items()})
+        rows.append(row)
+    return Measurement(pd.DataFrame(rows))

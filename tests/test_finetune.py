@@ -1,0 +1,152 @@
+"""Your fine-tune (labkit.finetune): the target, the plan from a config alone, the audit's seeded faults, the
+measured peak against the predicted one on two model shapes and two data shapes, the recommendation, the CLI."""
+
+import json
+import time
+
+import pytest
+import torch
+from own_fixtures import chats, model_dir, prompt_completion, write_jsonl
+
+import labkit
+from labkit import cli
+from labkit.errors import ConfigError
+from labkit.finetune import Finetune, audit_examples, packing_leak, parse_target
+from labkit.finetune.measure import ERROR_BOUND, UNDER_BOUND
+from labkit.machine import T4_TORCH_BYTES
+from labkit.text import IGNORE_INDEX
+
+WIDE = {"hidden_size": 128, "intermediate_size": 352, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 3, "head_dim": 32}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("finetune")
+
+
+@pytest.fixture(scope="module")
+def long_data(folder):
+    records = [{"prompt": "word " * (10 + 7 * i) + "? ", "completion": "answer " * (20 + 5 * i)} for i in range(24)]
+    return write_jsonl(folder / "long.jsonl", records)
+
+
+def test_targets_name_their_memory_and_refuse_what_is_not_one():
+    assert parse_target("t4").memory_bytes == T4_TORCH_BYTES and parse_target("t4").precision == "fp16"
+    assert parse_target("kaggle-2xt4").gpus == 2
+    assert parse_target("24GiB").memory_bytes == 24 * 2**30 and parse_target("16 GB").memory_bytes == 16e9
+    for bad in ("3TB", "-1GiB", "h100", 0):
+        with pytest.raises(ConfigError, match=r"gpu=.*is not allowed.*t4"):
+            parse_target(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="this machine has no GPU"):
+            parse_target("this")
+
+
+def test_a_7b_plan_comes_from_its_config_alone_in_seconds(folder, monkeypatch):
+    monkeypatch.setenv("LABKIT_OFFLINE", "1")
+    data = write_jsonl(folder / "chats.jsonl", chats(40))
+    start = time.perf_counter()
+    plan = Finetune("Qwen/Qwen2.5-7B", data=data, gpu="t4", batch_size=4).plan()
+    assert time.perf_counter() - start < 30
+    rows = plan.frame
+    assert (rows[rows["method"] == "full"]["fits"] == "no").all()
+    assert (rows[rows["method"] == "QLoRA"]["fits"] != "no").all()
+    assert rows["total_bytes"].min() > 4 * 2**30  # 7.6B weights in NF4 alone are over 4 GiB
+    assert "QLoRA" in plan.finding()
+    nothing = Finetune("Qwen/Qwen2.5-7B", data=data, gpu="2GiB").plan()
+    assert "NO plan fits" in nothing.finding() and "smallest" in nothing.finding()
+    assert Finetune("Qwen/Qwen2.5-7B", data=data, gpu="2GiB").recommend().frame.iloc[0]["value"] == "none"
+
+
+def test_bad_fields_are_named():
+    with pytest.raises(ConfigError, match="model='nope'"):
+        Finetune("nope", data="x.jsonl")
+    with pytest.raises(ConfigError, match="data='x.txt'"):
+        Finetune("Qwen/Qwen2.5-7B", data="x.txt")
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        Finetune("Qwen/Qwen2.5-7B", data="x.jsonl", batch_size=0, gpu="t4")
+
+
+class _Tok:
+    eos_id, pad_id, backend = 2, 0, None
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(map(str, ids))
+
+
+def _examples(count=20, length=12):
+    return [([1, *range(5, 5 + length), 2], [IGNORE_INDEX, *[IGNORE_INDEX] * (length // 2),
+                                               *range(5 + length // 2, 5 + length), 2]) for _ in range(count)]
+
+
+def test_the_audit_catches_each_seeded_fault():
+    clean = audit_examples(_examples(), _Tok(), seq_len=64, batch_size=4, loss_on="completion")
+    assert clean.faults == [] and "[[" in clean.example
+    masked = [(ids, [IGNORE_INDEX] * len(ids)) for ids, _ in _examples()]
+    assert "supervised" in audit_examples(masked, _Tok(), 64, 4, "completion").faults
+    no_eos = [(ids, [*labels[:-1], IGNORE_INDEX]) for ids, labels in _examples()]  # a pad-masking collator, pad == EOS
+    assert "EOS trained" in audit_examples(no_eos, _Tok(), 64, 4, "completion").faults
+    assert "truncated" in audit_examples(_examples(), _Tok(), seq_len=8, batch_size=4, loss_on="completion").faults
+
+
+def test_a_template_without_generation_marks_is_flagged_and_packing_stays_apart(folder):
+    data = write_jsonl(folder / "turns.jsonl", chats(12))
+    audit = Finetune(model_dir(folder, "meta-llama/Llama-3.2-1B", "plain"), data=data, gpu="t4").audit()
+    assert "chat template" in audit.warnings and audit.faults == []
+    assert float(audit.frame.set_index("check").loc["packing leak", "value"]) < 1e-4
+
+
+def test_a_model_that_ignores_position_ids_leaks_across_packed_documents(folder):
+    mine = Finetune(model_dir(folder, "Qwen/Qwen2.5-0.5B"), data=write_jsonl(folder / "pc.jsonl",
+                                                                           prompt_completion(8)), gpu="t4")
+    inner = mine.leak_model().eval()
+
+    class Unpacked(torch.nn.Module):  # an older library: one causal mask over the whole packed row
+        training = False
+
+        def forward(self, input_ids, **kwargs):
+            return inner(input_ids=input_ids, use_cache=False)
+
+    examples = mine.encoded.examples[:3]
+    assert packing_leak(Unpacked(), examples, 256) > 1e-3
+    assert packing_leak(inner, examples, 256) < 1e-4
+
+
+@pytest.mark.parametrize("repo", ["Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-1B"])  # tied + GQA + biases; Llama 3
+@pytest.mark.parametrize("shape", ["prompt_completion", "messages"])
+def test_the_predicted_peak_holds_its_stated_error(folder, long_data, repo, shape):
+    data = long_data if shape == "prompt_completion" else write_jsonl(folder / "chats.jsonl", chats(24))
+    mine = Finetune(model_dir(folder, repo, **WIDE), data=data, gpu="t4", seq_len=256, batch_size=4)
+    rows = mine.measure().frame
+    assert rows["error"].notna().all(), rows
+    assert (rows["error"].abs() <= ERROR_BOUND).all() and (rows["error"] >= -UNDER_BOUND).all(), rows
+
+
+def test_the_recommendation_builds_the_libraries_objects(folder, long_data):
+    mine = Finetune(model_dir(folder, "Qwen/Qwen2.5-0.5B"), data=long_data, gpu="t4", batch_size=4)
+    rec = mine.recommend()
+    assert labkit.RunConfig(**rec.config).seq_len == rec.sft["max_length"]
+    assert "because" in rec.frame and rec.frame["because"].str.len().min() > 5
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    qlora = Finetune("Qwen/Qwen2.5-7B", data=long_data, gpu="t4", batch_size=4).recommend()
+    assert peft.LoraConfig(**qlora.lora).r == 16
+    assert transformers.BitsAndBytesConfig(**qlora.bnb).load_in_4bit
+    trl = pytest.importorskip("trl")
+    assert trl.SFTConfig(output_dir="out", **rec.sft).max_length == rec.sft["max_length"]
+
+
+def test_the_cli_plans_as_json_and_audits_with_an_exit_code(folder, capsys, monkeypatch):
+    monkeypatch.setenv("LABKIT_OFFLINE", "1")
+    data = write_jsonl(folder / "cli.jsonl", chats(12))
+    assert cli.main(["plan", "Qwen/Qwen2.5-7B", "--data", data, "--gpu", "t4"]) == 0
+    assert "QLoRA" in capsys.readouterr().out
+    assert cli.main(["plan", "Qwen/Qwen2.5-7B", "--data", data, "--gpu", "t4", "--json", "--method", "qlora"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(printed[printed.index("{"):])
+    assert {row["method"] for row in report["rows"]} == {"QLoRA"} and "T4" in report["finding"]
+    assert cli.main(["audit", model_dir(folder, "Qwen/Qwen2.5-0.5B"), "--data", data, "--seq-len", "16"]) == 1
+    assert "truncated" in capsys.readouterr().out
+    assert cli.main(["plan", "Qwen/Qwen2.5-7B", "--data", data, "--gpu", "3TB"]) == 2
+    assert "gpu='3TB'" in capsys.readouterr().err
