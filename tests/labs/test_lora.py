@@ -189,9 +189,9 @@ def test_qlora_config_picks_model_precision_and_optimizer_by_profile_and_device(
     assert labkit.profile().warmup_steps + labkit.train.PROFILING_STEPS + 2 <= steps <= 30
     monkeypatch.delenv("LABKIT_PROFILE")
     assert qlora_module.qlora_optimizer(torch.device("cpu")) == "adamw"
-    monkeypatch.setattr(qlora_module.quantization, "installed_version", lambda name: "0.50.2")
+    monkeypatch.setattr(labkit.finetune.qlora.quantization, "installed_version", lambda name: "0.50.2")
     assert qlora_module.qlora_optimizer(torch.device("cuda")) == "paged_adamw8bit"  # paged 8-bit AdamW where CUDA pages
-    monkeypatch.setattr(qlora_module.quantization, "installed_version", lambda name: None)
+    monkeypatch.setattr(labkit.finetune.qlora.quantization, "installed_version", lambda name: None)
     assert qlora_module.qlora_optimizer(torch.device("cuda")) == "adamw"
     assert lab.QLORA_MODELS["full"] == ("qwen2.5_1.5b", True) and lab.QLORA_MODELS["quick"][1] is False
 

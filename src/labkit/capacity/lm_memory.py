@@ -19,7 +19,8 @@ Categories `lm_training_memory` returns, in bytes:
   *Reducing Activation Recomputation in Large Transformer Models* (section 4.1: bytes per token per layer,
   ``s b h (34 + 5 a s / h)`` for GPT-3's layer in 16 bits), redone for a Llama layer without dropout;
 - ``logits``: rows x length x vocabulary values in fp32 three times (the log-probabilities the loss keeps, their
-  gradient, the logits' gradient; plus the half logits under autocast), alive at the start of the backward pass.
+  gradient, the logits' gradient), alive at the start of the backward pass; under autocast the half logits are freed
+  once upcast for the loss, before it. The chunked loss keeps one slice's.
 
 The ``total`` is the peak: weights + optimizer state + the larger of the activations (the backward pass starts
 with all of them and no gradient) and the gradients plus one layer's activations (its end). Error: within 5 % of the
@@ -104,10 +105,17 @@ def layer_activation_bytes(shape: DecoderShape, precision: str = "fp32", attn_im
         attention += a * q * (not lora_rank or "o_proj" in adapted)
     else:  # rotated q, k and v, SDPA's output (it is o_proj's input) and log-sum-exp, the mask it was given
         attention = a * (2 * q + 2 * (q if masked else kv)) + 4 * heads + (a * seq_len if masked else 0)
-    if not lora_rank:
-        return 2 * h * (8 + a) + attention + 4 * a * i  # the norms and their projections' inputs; the SwiGLU MLP
+    # A projection's input: in fp32 the norm's output, shared by q, k, v (gate, up); under autocast each projection
+    # casts it to 16 bits itself, one copy each.
+    def inputs(names):
+        reading = len(names if not lora_rank else adapted & names)
+        return a * h * (min(reading, 1) if a == 4 else reading)
+
+    if not lora_rank:  # the norms' fp32 input and normalized value, the projections' inputs; the SwiGLU MLP
+        return 2 * 8 * h + inputs({"q_proj", "k_proj", "v_proj"}) + inputs({"gate_proj", "up_proj"}) + attention \
+            + 4 * a * i
     per_token = 2 * 4 * h + attention + 3 * a * i  # the norms' fp32 inputs; gate's, up's and SiLU's outputs
-    per_token += a * h * (bool(adapted & {"q_proj", "k_proj", "v_proj"}) + bool(adapted & {"gate_proj", "up_proj"}))
+    per_token += inputs({"q_proj", "k_proj", "v_proj"}) + inputs({"gate_proj", "up_proj"})
     return per_token + a * i * ("down_proj" in adapted) + a * lora_rank * len(adapted)  # and each adapter's A x
 
 
@@ -115,7 +123,7 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
                        precision: str = "fp32", optimizer: str = "adamw", lora_rank: int = 16,
                        lora_targets=("q_proj", "v_proj"), checkpointing: bool = False,
                        attn_implementation: str = "sdpa", vocab_size: int | None = None, masked: bool = True,
-                       loss_chunks: int | None = None) -> dict:
+                       loss_chunks: int | None = None, half_base: bool = True) -> dict:
     """A language model's fine-tuning memory by category and its peak (``total``), in bytes (module docstring).
 
     Args:
@@ -125,6 +133,8 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
         lora_rank, lora_targets: the adapters (``"all"``: every linear layer). checkpointing: per decoder layer.
         attn_implementation: ``sdpa`` or ``eager``. vocab_size: the tokenizer's (labkit's Llamas; None: the model's).
         masked: the batch has padding (`layer_activation_bytes`); False for rows of one length (packed, all cut).
+        half_base: LoRA's frozen base stored in 16 bits under autocast (PEFT with ``torch_dtype``); False: float32, as
+            labkit's LoRA keeps it, with autocast's 16-bit copy of each weight kept for the backward pass.
         loss_chunks: the output layer and the loss a slice at a time (`labkit.techniques.chunked_loss`): one slice's
             logits alive instead of all of them.
 
@@ -149,9 +159,10 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     else:
         adapters = lora_parameters(shape, rank, targets)
         state = training_memory(adapters, "fp32", optimizer)
-        base = 2 if a == 2 else 4
+        base = 2 if a == 2 and (half_base or method == "qlora") else 4
         linear = shape.num_hidden_layers * sum(shape.layer_linear_params().values())
         weights = state["weights"] + (NF4_BYTES if method == "qlora" else base) * linear + base * (n - linear)
+        weights += 2 * linear if a == 2 and base == 4 else 0  # autocast's copies of the float32 base's weights
     layer = layer_activation_bytes(shape, precision, attn_implementation, seq_len, rank, targets, masked)
     tokens, h, count = seq_len * micro_batch, shape.hidden_size, shape.num_hidden_layers
     kept = tokens * 4 * h * count if checkpointing else 0  # each layer's input
@@ -163,7 +174,7 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     mask = tokens * seq_len if masked and attn_implementation == "sdpa" else 0  # the boolean padding mask, L x L a row
     out = {"weights": weights, "gradients": state["gradients"], "optimizer_state": state["optimizer_state"],
            "activations": kept + layers + final_norm + mask,
-           "logits": tokens * shape.vocab_size * (12 + (a if a == 2 else 0)) / (loss_chunks or 1)}
+           "logits": tokens * shape.vocab_size * 12 / (loss_chunks or 1)}
     out = {k: int(round(v)) for k, v in out.items()}
     # A layer's backward holds, beyond what the layer kept, the MLP's gradients (two of its width) and the hidden
     # state's gradient with its residual copy (fp32); the embeddings' and output layer's gradients come first.

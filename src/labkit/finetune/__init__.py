@@ -1,11 +1,12 @@
-"""Your fine-tune: a learner's own model and data audited, planned, measured and recommended (`Finetune`)."""
+"""Your fine-tune: a learner's own model and data audited, planned, measured, laddered and recommended (`Finetune`)."""
 
 from .audit import Audit, audit_examples, packing_leak
+from .ladder import FinetuneLadder, climb
 from .measure import Measurement, measure_methods
 from .plan import Plan, make_plan
 from .recommend import Recommendation, recommend_from
 from .session import Finetune
 from .target import Target, parse_target
 
-__all__ = ["Audit", "Finetune", "Measurement", "Plan", "Recommendation", "Target", "audit_examples", "make_plan",
-           "measure_methods", "packing_leak", "parse_target", "recommend_from"]
+__all__ = ["Audit", "Finetune", "FinetuneLadder", "Measurement", "Plan", "Recommendation", "Target", "audit_examples",
+           "climb", "make_plan", "measure_methods", "packing_leak", "parse_target", "recommend_from"]

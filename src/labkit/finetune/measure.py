@@ -14,23 +14,48 @@ import pandas as pd
 
 from ..capacity import lm_training_memory
 from ..config import RunConfig
+from ..env import resolve_device
 from ..labresult import LabResult
 from ..measure import Measured, compare
 from ..messages import worded
 from ..models.hub import DecoderShape
+from ..result import RunResult
 from ..results import cached_fit
+from ..runsetup import build_model, set_up
+from ..train import fit
 from ..units import mib
 from .plan import LORA, METHOD_NAMES
+from .qlora import nf4_lora, qlora_dtypes, qlora_optimizer
 
 ERROR_BOUND = 0.10  # the stated accuracy: predicted within 10 % of measured (never more than 5 % under)
 UNDER_BOUND = 0.05
 
 
 def method_config(base: RunConfig, method: str) -> RunConfig:
-    """``base`` as ``method`` trains it: full, or LoRA (`LORA`: rank 16 on every linear layer)."""
+    """``base`` as ``method`` trains it: full, LoRA (`LORA`: rank 16 on every linear layer) or QLoRA (the same
+    adapters over an NF4 base, in 16 bits, with `qlora_optimizer`'s AdamW)."""
     if method == "full":
         return base.replace(lora_rank=None)
-    return base.replace(lora_rank=LORA["lora_rank"], lora_targets="all-linear")
+    lora = base.replace(lora_rank=LORA["lora_rank"], lora_targets="all-linear")
+    if method == "qlora":
+        device = resolve_device(base.device)
+        return lora.replace(precision=qlora_dtypes(device)[2], optimizer=qlora_optimizer(device))
+    return lora
+
+
+def run_method(cfg: RunConfig, method: str, refresh: bool = False, progress: bool = False,
+               keep_model: bool = False) -> RunResult:
+    """One measured run of ``cfg`` (`method_config`'s): cached, except QLoRA, whose NF4 model is built here and
+    handed to the loop (`labkit.finetune.qlora.nf4_lora`); a QLoRA this machine cannot run is a row with its error."""
+    if method != "qlora":
+        return fit(cfg, progress=progress) if keep_model else cached_fit(cfg, refresh=refresh, progress=progress)
+    setup = set_up(cfg, model=False)
+    model = nf4_lora(build_model(cfg, setup.kind, setup.train)[0], setup.device, cfg.lora_rank, cfg.lora_alpha)
+    if isinstance(model, str):
+        return RunResult(cfg.to_dict(), error=model)
+    result = fit(cfg, model=model, progress=progress)
+    result.model = result.model if keep_model else None
+    return result
 
 
 def predicted_peak(shape: DecoderShape, cfg: RunConfig, precision: str, method: str) -> int:
@@ -39,7 +64,7 @@ def predicted_peak(shape: DecoderShape, cfg: RunConfig, precision: str, method: 
     return lm_training_memory(shape, method, cfg.seq_len, cfg.batch_size // cfg.grad_accum, precision=precision,
                               optimizer=cfg.optimizer, checkpointing=bool(cfg.checkpointing),
                               attn_implementation=cfg.attn_implementation, loss_chunks=cfg.loss_chunks,
-                              **lora)["total"]
+                              half_base=method != "lora", **lora)["total"]  # labkit's LoRA keeps a float32 base
 
 
 @dataclass
@@ -74,7 +99,7 @@ def measure_methods(base: RunConfig, shape: DecoderShape, methods=("full", "lora
 
     Args:
         base: the run, with ``packing="pad_max"`` and a few ``max_steps``. shape: the model's `DecoderShape`.
-        methods: ``full`` and/or ``lora``. refresh: rerun cached rows. progress: a bar per run.
+        methods: of ``full``, ``lora``, ``qlora``. refresh: rerun cached rows. progress: a bar per run.
 
     Example:
         >>> measure_methods(cfg, config_shape(model_config(cfg.model))).frame[["method", "error"]]
@@ -82,7 +107,7 @@ def measure_methods(base: RunConfig, shape: DecoderShape, methods=("full", "lora
     rows = []
     for method in methods:
         cfg = method_config(base, method)
-        result = cached_fit(cfg, refresh=refresh, progress=progress)
+        result = run_method(cfg, method, refresh, progress)
         row = {"method": METHOD_NAMES[method], "seq_len": cfg.seq_len, "batch": cfg.batch_size,
                "precision": result.precision_used, "error_message": result.error}
         if result.ok:

@@ -6,22 +6,27 @@ recommend), nothing run until asked. The model is a hub id or a folder with ``co
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from .. import train
+from .. import machine, train
 from ..config import RunConfig
 from ..env import is_online, profile
 from ..errors import ConfigError
 from ..messages import note
 from ..models import own
+from ..result import RunResult
+from ..techniques.lora import lora_state_dict
 from ..text import pydoc_bpe
 from ..text.own_data import DEFAULT_OWN_SEQ_LEN, encode_records
 from ..text.records import is_data_file, is_hf_dataset
 from ..validate import is_int
 from .audit import LEAK_TOLERANCE, Audit, audit_examples, packing_leak
-from .measure import Measurement, measure_methods
+from .ladder import FinetuneLadder, climb
+from .measure import Measurement, measure_methods, method_config, run_method
 from .plan import METHODS, Plan, make_plan
 from .recommend import Recommendation, recommend_from
 from .target import parse_target
@@ -91,8 +96,7 @@ class Finetune:
         result = audit_examples(data.examples, self.tokenizer, self.seq_len, self.batch_size, data.loss_on,
                                 data.template, eos_expected)
         if packing:
-            cut = [(ids[:self.seq_len], labels[:self.seq_len]) for ids, labels in data.examples[:LEAK_DOCUMENTS]]
-            leak = packing_leak(self.leak_model(), cut, self.seq_len * LEAK_DOCUMENTS)
+            leak = self.leak()
             leaks = leak > LEAK_TOLERANCE
             row = {"check": "packing leak", "value": f"{leak:.2g}", "status": "fault" if leaks else "ok",
                    "detail": "packed documents attend to each other on this architecture and transformers: train "
@@ -143,6 +147,41 @@ class Finetune:
     def measure(self, methods=("full", "lora"), refresh: bool = False) -> Measurement:
         """A few steps of each method here, as long as the longest batch: measured beside predicted."""
         return measure_methods(self.run_config(), self.shape, methods, refresh=refresh)
+
+    def ladder(self, refresh: bool = False) -> FinetuneLadder:
+        """Each technique on this model and data, rung by rung, counted only outside the noise (packing only where
+        the leak check finds none)."""
+        return climb(self.run_config(), self.leak() <= LEAK_TOLERANCE, refresh=refresh)
+
+    def leak(self) -> float:
+        """The packing leak check's largest logit difference (`labkit.finetune.audit.packing_leak`)."""
+        cut = [(ids[:self.seq_len], labels[:self.seq_len]) for ids, labels in self.encoded.examples[:LEAK_DOCUMENTS]]
+        return packing_leak(self.leak_model(), cut, self.seq_len * LEAK_DOCUMENTS)
+
+    def train(self, recommendation: Recommendation | None = None, out_dir: str | Path = "labkit-adapter",
+              max_steps: int | None = None) -> RunResult:
+        """Train the recommended run (`recommend`'s, or ``recommendation``) with `labkit.fit` here, and save the
+        adapter (`labkit.techniques.lora.lora_state_dict`, ``adapter.pt``, with its LoraConfig arguments beside it)
+        or, for a full fine-tune, the weights (``model.pt``) in ``out_dir``."""
+        rec = recommendation or self.recommend()
+        if not rec.config:
+            raise ConfigError("recommendation", rec.finding(), "a plan that fits the target")
+        method = {"full": "full", "LoRA": "lora", "QLoRA": "qlora"}[rec.frame.set_index("choice").loc["method",
+                                                                                                      "value"]]
+        cfg = RunConfig(**rec.config).replace(evaluate=False, **({"max_steps": max_steps} if max_steps else {}))
+        if not self.target.on_gpu or machine.gpu_budget_bytes() is None:  # trained here, not on the target
+            cfg = cfg.replace(precision="auto")
+        if method == "qlora":
+            cfg = method_config(cfg, "qlora")
+        result = run_method(cfg, method, refresh=True, keep_model=True)
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if method == "full":
+            torch.save(result.model.state_dict(), out / "model.pt")
+        else:
+            torch.save(lora_state_dict(result.model), out / "adapter.pt")
+            (out / "adapter_config.json").write_text(json.dumps(rec.lora, indent=1))
+        return result
 
     def recommend(self) -> Recommendation:
         """The run the plan supports, as labkit's config and TRL / PEFT / bitsandbytes arguments."""

@@ -11,14 +11,14 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ... import machine, models, results, train
+from ... import results, train
 from ...config import RunConfig
 from ...env import profile, resolve_device
+from ...finetune.qlora import half_base, nf4_lora, qlora_dtypes, qlora_optimizer
 from ...labresult import LabResult
 from ...measure import Measured, compare
 from ...messages import worded
-from ...techniques import quantization
-from ...techniques.lora import ALL_LINEAR, add_lora, linear_names, lora_layers, matching_linears
+from ...techniques.lora import ALL_LINEAR, add_lora, lora_layers
 from ...units import mib
 from .base import ALPHA, LORA_LR, QLORA_MODELS, fresh_model
 
@@ -53,44 +53,15 @@ def base_linear_bytes(model: nn.Module) -> tuple[int, float | None]:
     return total, (8 * packed_bytes / packed_weights if packed_weights else None)
 
 
-def qlora_dtypes(device: torch.device) -> tuple[torch.dtype, torch.dtype, str]:
-    """The base's 16-bit dtype, the adapters' and the run's precision: fp16 and float32 adapters without native bf16
-    on a GPU (a GradScaler cannot unscale fp16 gradients), else bf16."""
-    if torch.device(device).type == "cuda" and not machine.here().bf16_native:
-        return torch.float16, torch.float32, "fp16"
-    return torch.bfloat16, torch.bfloat16, "bf16"
-
-
-def qlora_optimizer(device: torch.device) -> str:
-    """Bitsandbytes' paged 8-bit AdamW on CUDA (its state pages out on a spike, as QLoRA's did), else AdamW."""
-    if torch.device(device).type == "cuda" and quantization.installed_version("bitsandbytes"):
-        return "paged_adamw8bit"
-    return "adamw"
-
-
 def qlora_model(cfg: RunConfig, setup: str, rank: int = 8) -> nn.Module | str:
     """LoRA (``all-linear``) on ``cfg.model`` with a `BASE16` or `NF4` base, or why it cannot run here."""
     device = resolve_device(cfg.device)
-    half, adapters, _ = qlora_dtypes(device)
-    if setup != BASE16 and (reason := quantization.supported("nf4_bnb", device)) is not None:
-        return reason
     model = fresh_model(cfg, pretrained=True)
-    chosen = matching_linears(model, ALL_LINEAR)
-    others = [name for name in linear_names(model) if name not in chosen]  # the output layer: 16-bit in both
-    # ... unless it is tied to the token embeddings: casting it would cast them, and the residual stream they start
-    # would run in 16 bits (fp16 overflows it in Qwen2 checkpoints); tied, both stay float32, as PEFT's
-    # prepare_model_for_kbit_training keeps every layer that is not quantized
-    for name in chosen + ([] if models.output_layer_tied(model) else others):
-        model.get_submodule(name).to(half)
     if setup == BASE16:
+        half, adapters, _ = qlora_dtypes(device)
+        half_base(model, half)
         return add_lora(model, rank, ALPHA, ALL_LINEAR, dtype=adapters)
-    nf4 = quantization.quantize(model.to(device), "nf4_bnb", keep_float=others)
-    del model
-    for layer in nf4.modules():
-        if hasattr(layer, "compute_dtype"):  # QLoRA computes in 16 bits (labkit's quantize picks float32 on a CPU)
-            layer.compute_dtype = half
-            layer.register_forward_hook(lambda module, inputs, output: output.to(half))
-    return add_lora(nf4, rank, ALPHA, ALL_LINEAR, dtype=adapters)
+    return nf4_lora(model, device, rank, ALPHA)
 
 
 def qlora_config(cfg: RunConfig) -> RunConfig:
