@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..config import RunConfig
 from ..env import resolve_device
+from ..errors import ConfigError
 from ..labresult import LabResult
 from ..measure import Measured, compare
 from ..messages import worded
@@ -36,9 +37,17 @@ PUBLISHED = {
 }
 
 
-def ladder_configs(base: RunConfig, packing_ok: bool) -> dict[str, tuple[RunConfig, str]]:
+RUNGS = ("+precision", "+SDPA", "+packing", "+fused AdamW", "+per-layer checkpointing", "+8-bit AdamW",
+         "+chunked loss", "+compile", "LoRA", "QLoRA")
+
+
+def ladder_configs(base: RunConfig, packing_ok: bool, rungs=None) -> dict[str, tuple[RunConfig, str]]:
     """Each rung's config and method, from ``base`` (the learner's run) made plain: fp32, eager attention, rows
-    padded, AdamW's for-loop kernel, nothing saved; ``packing_ok``: the audit found no packing leak."""
+    padded, AdamW's for-loop kernel, nothing saved; ``packing_ok``: the audit found no packing leak; ``rungs``: of
+    `RUNGS` (None: all)."""
+    wanted = set(RUNGS if rungs is None else rungs)
+    if not wanted <= set(RUNGS):
+        raise ConfigError("rungs", sorted(wanted - set(RUNGS)), f"names from {list(RUNGS)}")
     plain = base.replace(precision="fp32", attn_implementation="eager", packing="pad", optimizer="adamw",
                          optimizer_impl="forloop", checkpointing=False, loss_chunks=None, compile=False,
                          lora_rank=None)
@@ -50,11 +59,13 @@ def ladder_configs(base: RunConfig, packing_ok: bool) -> dict[str, tuple[RunConf
               ("+chunked loss", {"loss_chunks": LOSS_CHUNKS}), ("+compile", {"compile": True})]
     configs, current = {"baseline": (plain, "full")}, plain
     for name, change in steps:
-        current = current.replace(**change)
-        configs[name] = (current, "full")
+        if name in wanted:
+            current = current.replace(**change)
+            configs[name] = (current, "full")
     lora = current.replace(optimizer="adamw", optimizer_impl=None)
-    configs["LoRA"] = (method_config(lora, "lora"), "lora")
-    configs["QLoRA"] = (method_config(lora, "qlora"), "qlora")
+    for name in ("LoRA", "QLoRA"):
+        if name in wanted:
+            configs[name] = (method_config(lora, name.lower()), name.lower())
     return configs
 
 
@@ -82,10 +93,14 @@ class FinetuneLadder(LabResult):
         return text + (f" Did not run here: {', '.join(failed)}." if failed else "")
 
 
-def climb(base: RunConfig, packing_ok: bool, refresh: bool = False, progress: bool = False) -> FinetuneLadder:
-    """Measure every rung of `ladder_configs` (cached; a rung that fails is a row with its ``error``)."""
+def climb(base: RunConfig, packing_ok: bool, rungs=None, refresh: bool = False,
+          progress: bool = False) -> FinetuneLadder:
+    """Measure the rungs of `ladder_configs` (all, or those named in ``rungs``, the baseline always first; cached;
+    a rung that fails is a row with its ``error``). A rung left out is not taken: the next one is measured against
+    the last one measured, with its own change added."""
+    configs = ladder_configs(base, packing_ok, rungs)
     rows, below = [], None
-    for rung, (cfg, method) in ladder_configs(base, packing_ok).items():
+    for rung, (cfg, method) in configs.items():
         result = run_method(cfg, method, refresh, progress)
         row = {"rung": rung, "method": method, "error": result.error, "published": PUBLISHED.get(rung, ""),
                **{k: getattr(result, k) for k in ("real_tokens_per_s", "peak_memory_bytes", "step_time_s",

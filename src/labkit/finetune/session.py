@@ -148,10 +148,10 @@ class Finetune:
         """A few steps of each method here, as long as the longest batch: measured beside predicted."""
         return measure_methods(self.run_config(), self.shape, methods, refresh=refresh)
 
-    def ladder(self, refresh: bool = False) -> FinetuneLadder:
+    def ladder(self, rungs=None, refresh: bool = False) -> FinetuneLadder:
         """Each technique on this model and data, rung by rung, counted only outside the noise (packing only where
-        the leak check finds none)."""
-        return climb(self.run_config(), self.leak() <= LEAK_TOLERANCE, refresh=refresh)
+        the leak check finds none); ``rungs``: of `labkit.finetune.ladder.RUNGS` (None: all)."""
+        return climb(self.run_config(), self.leak() <= LEAK_TOLERANCE, rungs, refresh=refresh)
 
     def leak(self) -> float:
         """The packing leak check's largest logit difference (`labkit.finetune.audit.packing_leak`)."""
