@@ -11,7 +11,7 @@ from own_fixtures import chats, model_dir, prompt_completion, write_jsonl
 import labkit
 from labkit import cli
 from labkit.errors import ConfigError
-from labkit.finetune import Finetune, audit_examples, packing_leak, parse_target
+from labkit.finetune import Finetune, Plan, audit_examples, packing_leak, parse_target, recommend_from
 from labkit.finetune.measure import ERROR_BOUND, UNDER_BOUND
 from labkit.machine import T4_TORCH_BYTES
 from labkit.text import IGNORE_INDEX
@@ -150,3 +150,41 @@ def test_the_cli_plans_as_json_and_audits_with_an_exit_code(folder, capsys, monk
     assert "truncated" in capsys.readouterr().out
     assert cli.main(["plan", "Qwen/Qwen2.5-7B", "--data", data, "--gpu", "3TB"]) == 2
     assert "gpu='3TB'" in capsys.readouterr().err
+
+
+def test_qlora_is_measured_through_the_loop_within_the_stated_error(folder, long_data):
+    mine = Finetune(model_dir(folder, "Qwen/Qwen2.5-0.5B", **{**WIDE, "intermediate_size": 384}), data=long_data,
+                    gpu="t4", seq_len=256, batch_size=4)
+    row = mine.measure(methods=("qlora",)).frame.iloc[0]
+    assert row["method"] == "QLoRA" and row["precision"] in ("bf16", "fp16"), row
+    assert -UNDER_BOUND <= row["error"] <= ERROR_BOUND, row
+
+
+def test_the_ladder_compares_each_rung_with_the_one_below(folder):
+    data = write_jsonl(folder / "short.jsonl", prompt_completion(24))
+    mine = Finetune(model_dir(folder, "Qwen/Qwen2.5-0.5B"), data=data, gpu="t4", seq_len=128, batch_size=4)
+    ladder = mine.ladder(rungs=("+SDPA", "+per-layer checkpointing", "LoRA"))
+    rows = ladder.frame.set_index("rung")
+    assert list(rows.index) == ["baseline", "+SDPA", "+per-layer checkpointing", "LoRA"]
+    assert rows.loc["+per-layer checkpointing", "memory_change"] < 1  # checkpointing keeps less
+    assert rows["time_change"].iloc[1:].str.contains("x").all()
+    assert "torchtune" in rows.loc["+per-layer checkpointing", "published"]
+    assert "baseline" in ladder.finding()
+    with pytest.raises(ConfigError, match="rungs="):
+        mine.ladder(rungs=("+warp drive",))
+
+
+def test_the_recommended_run_trains_and_saves_its_adapter(folder, tmp_path):
+    data = write_jsonl(folder / "short.jsonl", prompt_completion(24))
+    mine = Finetune(model_dir(folder, "Qwen/Qwen2.5-0.5B"), data=data, gpu="t4", seq_len=128, batch_size=4)
+    plan = mine.plan()
+    assert (plan.frame["fits"] == "yes").all()  # a tiny model fits a T4 every way
+    result = mine.train(out_dir=tmp_path / "full", max_steps=6)
+    assert result.steps == 6 and (tmp_path / "full" / "model.pt").is_file()
+    adapters = Plan(plan.frame[plan.frame["method"] != "full"].reset_index(drop=True), target=plan.target)
+    lora = recommend_from(adapters, mine.model, mine.data, "completion", 4)
+    assert lora.config["lora_rank"] == 16 and lora.bnb is None
+    mine.train(lora, out_dir=tmp_path / "lora", max_steps=6)
+    saved = torch.load(tmp_path / "lora" / "adapter.pt")
+    assert saved and all("lora" in name for name in saved)
+    assert json.loads((tmp_path / "lora" / "adapter_config.json").read_text())["r"] == 16

@@ -291,3 +291,18 @@ def test_a_frozen_run_trains_only_the_unfrozen_stages(tiny_cfg):
     assert all(map(labkit.techniques.freezing.is_frozen_batchnorm, frozen_bn)) and stages["block3"][0][1].training
     assert all(torch.equal(bn.running_mean, b) for bn, b in zip(frozen_bn, before, strict=True))
     assert res.memory["gradients"] == 4 * res.num_trainable_params  # fp32: one gradient per trainable parameter
+
+
+def test_the_steps_the_grad_scaler_skips_are_counted():
+    trainer = labkit.train.Trainer(labkit.RunConfig(model="small_cnn", precision="fp16", device="cpu", max_steps=6))
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    trainer.scaler.scale(torch.ones(()))  # as the loop's backward does first: the scaler starts its scale
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    params[0].grad[...] = float("inf")  # an fp16 overflow: the scaler skips the step and halves its scale
+    trainer.update()
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    trainer.update()
+    assert trainer.skipped_steps == 1
+    assert labkit.RunResult(config={}).skipped_steps is None  # fp32 runs have no scaler: nothing to skip

@@ -1,5 +1,5 @@
 """Command line: `labkit env | run | sweep | doctor | pretrain | bench | solutions`, and a learner's own fine-tune:
-`labkit audit | plan | measure | recommend MODEL --data SPEC --gpu t4`."""
+`labkit audit | plan | measure | ladder | recommend MODEL --data SPEC --gpu t4`."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def _cmd_solutions(args) -> int:
     return 0
 
 
-FINETUNE_STEPS = ("audit", "plan", "measure", "recommend")
+FINETUNE_STEPS = ("audit", "plan", "measure", "ladder", "recommend")
 
 
 def _cmd_finetune(args) -> int:
@@ -120,7 +120,7 @@ def _cmd_finetune(args) -> int:
     if args.command == "plan":
         result = mine.plan(methods=("full", "lora", "qlora") if args.method == "auto" else (args.method,))
     elif args.command == "measure":
-        result = mine.measure(methods=("full", "lora") if args.method in ("auto", "qlora") else (args.method,))
+        result = mine.measure(methods=("full", "lora", "qlora") if args.method == "auto" else (args.method,))
     else:
         result = getattr(mine, args.command)()
     if args.command == "recommend" and args.export:
@@ -190,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "template, packing leak (exit 1 on a fault)")
     _finetune_parser(sub, "plan", "predicted memory of full / LoRA / QLoRA at your lengths against a GPU, no weights")
     _finetune_parser(sub, "measure", "a few steps here, longest batch first: measured peak beside predicted")
+    _finetune_parser(sub, "ladder", "each technique on your model and data, rung by rung, counted outside the noise")
     _finetune_parser(sub, "recommend", "the run the plan supports, as labkit YAML or TRL / PEFT arguments")
     return parser
 

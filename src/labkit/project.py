@@ -14,7 +14,7 @@ REPO_URL = f"https://github.com/{REPO}"
 # Extras a notebook needs beyond the base install (pyproject's optional-dependencies).
 NOTEBOOK_EXTRAS = {"03_memory_savers.ipynb": ("memory",), "06_quantization.ipynb": ("quant",),
                    "08_lora.ipynb": ("lora", "memory"), "09_recipe.ipynb": ("memory",),
-                   "10_language_models.ipynb": ("lm",)}
+                   "10_language_models.ipynb": ("lm",), "11_your_finetune.ipynb": ("lm", "memory")}
 
 # torchao's compiled kernels are built against one torch release, and a torchao too new for the installed torch
 # fails to import (torchao 0.18 on torch 2.9: "cannot import name 'ScalingType'"), which also breaks PEFT, since

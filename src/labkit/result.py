@@ -73,6 +73,7 @@ class RunResult:
     test_loss: float | None = None  # the test split's mean token cross-entropy (nats), language models
     perplexity: float | None = None  # exp(test_loss)
     data: dict | None = None  # a learner's own data: what was done to it (`labkit.text.own_data.OwnDataReport`)
+    skipped_steps: int | None = None  # fp16: optimizer steps the GradScaler skipped (inf/NaN); None without a scaler
 
     model = None  # the trained model after `labkit.fit` (not serialised; None for cached or reference runs)
 

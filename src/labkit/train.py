@@ -131,6 +131,7 @@ class Trainer:
                                          cfg.optimizer_impl)
         self.scaler = grad_scaler(self.precision, self.device)
         self.optimizer_steps = 0  # steps taken so far; drives the learning-rate warm-up
+        self.skipped_steps = 0  # steps the GradScaler skipped (fp16: inf/NaN gradients), the scale halved
         self.loader = self.kind.loader(self.train_split, self.rank_batch, cfg, self.sampler, self.device)
 
     def _place(self) -> None:
@@ -253,8 +254,11 @@ class Trainer:
         if cfg.grad_clip is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if scale is not None and self.scaler.get_scale() < scale:  # found inf/NaN: the step was skipped
+            self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
 
     def _count_flops(self, step: Callable[[], None]) -> int:
@@ -436,6 +440,7 @@ class Trainer:
             mfu=achieved / peak_flops if achieved and peak_flops else None,
             model_size_bytes=measure.model_size_bytes(models.unwrap(self.model)), num_params=num_params,
             num_trainable_params=num_trainable, weights=self.weights.source, warnings=list(self.warnings),
+            skipped_steps=self.skipped_steps if self.scaler.is_enabled() else None,
         )
         result.model = models.unwrap(self.model)
         if exports(cfg) and distributed.is_main():

@@ -37,6 +37,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from .config import RunConfig, check_keys
 from .errors import ConfigError, LabkitError
 from .estimates import estimate_run
+from .finetune import Finetune
 from .plots import detached_figures, figure_mark, figures_since
 from .validate import is_number
 
@@ -331,3 +332,81 @@ def _render_png(figure, attempts: int = 2) -> bytes:
             return buffer.getvalue()
     raise RuntimeError(f"a chart came out blank: {len(figure.axes)} axes, size {figure.get_size_inches()} in, "
                        f"dpi {figure.dpi}, {sum(len(ax.patches) + len(ax.lines) for ax in figure.axes)} bars and lines")
+
+
+class FinetuneForm:
+    """Your fine-tune as a form (`labkit.Finetune`): model, data and target GPU as text; ``seq_len``, batch and method
+    replan at once (no weights built), and **Measure** runs a few steps of the chosen methods here.
+
+    Args:
+        model, data, gpu, seq_len, batch_size: `labkit.Finetune`'s, as the form starts.
+        max_seq_len: the ``seq_len`` slider's end.
+
+    Example:
+        >>> form = FinetuneForm("Qwen/Qwen2.5-0.5B", "chats.jsonl", gpu="t4")
+        >>> form   # last line of the cell: shows the form and the plan
+    """
+
+    METHODS = {"all three": ("full", "lora", "qlora"), "full": ("full",), "LoRA": ("lora",), "QLoRA": ("qlora",)}
+
+    def __init__(self, model: str, data: str, gpu: str = "t4", seq_len: int = 512, batch_size: int = 8,
+                 max_seq_len: int = 2048):
+        self.fields = {name: widgets.Text(value=str(value), description=name, style=_WIDE, continuous_update=False)
+                       for name, value in (("model", model), ("data", data), ("gpu", gpu))}
+        self.controls = {"seq_len": make_control("seq_len", (16, max_seq_len, 16), seq_len),
+                         "batch_size": make_control("batch_size", (1, 64, 1), batch_size),
+                         "method": make_control("method", list(self.METHODS), "all three")}
+        self.button = widgets.Button(description="Measure", button_style="primary",
+                                     tooltip="A few steps of the chosen methods here, longest batch first")
+        self.status, self.output = widgets.HTML(value=""), widgets.Output()
+        self.last_result, self.last_error, self._sessions = None, None, {}
+        for control in [*self.fields.values(), *self.controls.values()]:
+            control.observe(lambda _change: self.replan(), names="value")
+        self.button.on_click(lambda _button: self.measure())
+        self.widget = widgets.VBox([
+            widgets.HBox(list(self.fields.values()), layout=widgets.Layout(flex_flow="row wrap")),
+            widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap")),
+            self.button, self.status, self.output])
+        self.replan()
+
+    def session(self, **settings):
+        """The `labkit.Finetune` of the form's fields (kept per settings: the data is tokenized once)."""
+        key = (*(w.value.strip() for w in self.fields.values()), *sorted(settings.items()))
+        if key not in self._sessions:
+            model, data, gpu = key[:3]
+            self._sessions[key] = Finetune(model, data=data, gpu=gpu, **settings)
+        return self._sessions[key]
+
+    def _do(self, what: str, call) -> None:
+        self.last_error = None
+        self.output.clear_output()
+        start = time.perf_counter()
+        try:
+            with self.output:
+                self.last_result = call()
+                display(self.last_result)
+            self.status.value = f"{what} in {time.perf_counter() - start:.1f} s."
+        except Exception as error:  # shown in the form: ipywidgets would swallow it
+            self.last_error = error
+            self.status.value = (f"<span style='color:#b00'><b>{type(error).__name__}:</b> "
+                                 f"{html.escape(str(error))}</span>")
+
+    def replan(self) -> None:
+        """Plan with the current values (what moving a slider does)."""
+        values = {name: w.value for name, w in self.controls.items()}
+        self._do("Planned", lambda: self.session().plan(values["seq_len"], values["batch_size"],
+                                                        self.METHODS[values["method"]]))
+
+    def measure(self) -> None:
+        """Measure with the current values (what pressing Measure does)."""
+        values = {name: w.value for name, w in self.controls.items()}
+        self.status.value = "Measuring ..."
+        self._do("Measured", lambda: self.session(seq_len=values["seq_len"], batch_size=values["batch_size"])
+                 .measure(methods=self.METHODS[values["method"]]))
+
+    def _ipython_display_(self, **kwargs):
+        display(self.widget)
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = getattr(self.widget, "_repr_mimebundle_", None)
+        return bundle(**kwargs) if bundle is not None else {"text/plain": repr(self)}

@@ -56,7 +56,8 @@ def ladder_configs(base: RunConfig, packing_ok: bool, rungs=None) -> dict[str, t
     steps += [("+packing", {"packing": "pack"})] if packing_ok else []
     steps += [("+fused AdamW", {"optimizer_impl": "fused"}), ("+per-layer checkpointing", {"checkpointing": True}),
               ("+8-bit AdamW", {"optimizer": "adamw8bit", "optimizer_impl": None}),
-              ("+chunked loss", {"loss_chunks": LOSS_CHUNKS}), ("+compile", {"compile": True})]
+              ("+chunked loss", {"loss_chunks": max(d for d in range(1, LOSS_CHUNKS + 1) if base.seq_len % d == 0)}),
+              ("+compile", {"compile": True})]
     configs, current = {"baseline": (plain, "full")}, plain
     for name, change in steps:
         if name in wanted:

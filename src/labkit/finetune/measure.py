@@ -115,6 +115,7 @@ def measure_methods(base: RunConfig, shape: DecoderShape, methods=("full", "lora
             row.update(predicted_bytes=guess, peak_memory_bytes=result.peak_memory_bytes,
                        error=guess / result.peak_memory_bytes - 1, tokens_per_s=result.tokens_per_s,
                        real_tokens_per_s=result.real_tokens_per_s, mfu=result.mfu, step_time_s=result.step_time_s,
+                       skipped_steps=result.skipped_steps,
                        step_time_p10_s=result.step_time_p10_s, step_time_p90_s=result.step_time_p90_s,
                        **{f"measured_{k}_bytes": v for k, v in result.memory_at_peak.items()})
         rows.append(row)

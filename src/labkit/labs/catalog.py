@@ -14,13 +14,14 @@ from .pruning import exercises as pruning
 from .quantization import exercises as quantization
 from .recipe import exercises as recipe
 from .start_here import exercises as start_here
+from .your_finetune import exercises as your_finetune
 
 # notebook file stem -> its lab's exercises module, in the notebooks' order
 NOTEBOOKS = {
     "00_start_here": start_here, "01_mixed_precision": mixed_precision, "02_batch_size": batch_size,
     "03_memory_savers": memory_savers, "04_pruning": pruning, "05_freezing": freezing,
     "06_quantization": quantization, "07_distributed": distributed, "08_lora": lora, "09_recipe": recipe,
-    "10_language_models": language,
+    "10_language_models": language, "11_your_finetune": your_finetune,
 }
 
 
