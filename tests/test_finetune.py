@@ -188,3 +188,14 @@ def test_the_recommended_run_trains_and_saves_its_adapter(folder, tmp_path):
     saved = torch.load(tmp_path / "lora" / "adapter.pt")
     assert saved and all("lora" in name for name in saved)
     assert json.loads((tmp_path / "lora" / "adapter_config.json").read_text())["r"] == 16
+
+
+def test_the_largest_batch_is_measured_and_halved_until_it_fits(folder):
+    data = write_jsonl(folder / "short.jsonl", prompt_completion(24))
+    mine = Finetune(model_dir(folder, "Qwen/Qwen2.5-0.5B"), data=data, gpu="8MiB", seq_len=128, batch_size=4)
+    rows = mine.largest_batch(margin=0.1).frame
+    assert rows["peak_memory_bytes"].iloc[-1] <= 0.9 * 8 * 2**20 < rows["peak_memory_bytes"].iloc[:-1].min() \
+        if len(rows) > 1 else rows["peak_memory_bytes"].iloc[-1] <= 0.9 * 8 * 2**20
+    assert list(rows["batch"]) == sorted(rows["batch"], reverse=True)
+    with pytest.raises(ConfigError, match="margin=1.5"):
+        mine.largest_batch(margin=1.5)

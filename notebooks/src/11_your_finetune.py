@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Your fine-tune: from your model and data to the run to launch
+# # Your fine-tune, from data to launch
 #
 # Notebooks 00-10 measured each technique on labkit's models. This one takes **yours**: a hub id or a folder with a
 # `config.json`, and your data file, then answers the questions to ask before paying for a GPU. Is the loss on the
@@ -196,10 +196,11 @@ assert run.ok and run.steps > 0 and any((W.folder / "trained").iterdir())
 #
 # ## 7. Your form
 # Type your model id or folder, your data and your GPU. Moving `seq_len`, `batch_size` or `method` replans at once
-# (no weights); **Measure** runs a few steps of the chosen methods here.
+# (no weights); **Run (measure)** trains a few steps of the chosen methods here and charts them beside the plan's
+# prediction.
 
 # %%
-form = FinetuneForm(W.model, W.data, gpu=W.gpu, seq_len=rec.config["seq_len"], batch_size=8)
+form = FinetuneForm(W.model, W.data, gpu=W.gpu, seq_len=rec.config.get("seq_len", lab.SEQ_LEN), batch_size=8)
 form
 
 # %% jupyter={"source_hidden": true} tags=["check"]

@@ -36,9 +36,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from .config import RunConfig, check_keys
 from .errors import ConfigError, LabkitError
-from .estimates import estimate_run
+from .estimates import estimate_run, format_seconds
 from .finetune import Finetune
-from .plots import detached_figures, figure_mark, figures_since
+from .finetune.measure import method_config
+from .plots import bars, detached_figures, figure_mark, figures_since
 from .validate import is_number
 
 _WIDE = {"description_width": "initial"}
@@ -336,7 +337,7 @@ def _render_png(figure, attempts: int = 2) -> bytes:
 
 class FinetuneForm:
     """Your fine-tune as a form (`labkit.Finetune`): model, data and target GPU as text; ``seq_len``, batch and method
-    replan at once (no weights built), and **Measure** runs a few steps of the chosen methods here.
+    replan at once (no weights built), and **Run** measures a few steps of the chosen methods here.
 
     Args:
         model, data, gpu, seq_len, batch_size: `labkit.Finetune`'s, as the form starts.
@@ -356,9 +357,9 @@ class FinetuneForm:
         self.controls = {"seq_len": make_control("seq_len", (16, max_seq_len, 16), seq_len),
                          "batch_size": make_control("batch_size", (1, 64, 1), batch_size),
                          "method": make_control("method", list(self.METHODS), "all three")}
-        self.button = widgets.Button(description="Measure", button_style="primary",
-                                     tooltip="A few steps of the chosen methods here, longest batch first")
-        self.status, self.output = widgets.HTML(value=""), widgets.Output()
+        self.button = widgets.Button(description="Run (measure)", button_style="primary",
+                                     tooltip="Measure: a few steps of the chosen methods here, longest batch first")
+        self.estimate_line, self.status, self.output = widgets.HTML(value=""), widgets.HTML(value=""), widgets.Output()
         self.last_result, self.last_error, self._sessions = None, None, {}
         for control in [*self.fields.values(), *self.controls.values()]:
             control.observe(lambda _change: self.replan(), names="value")
@@ -366,43 +367,72 @@ class FinetuneForm:
         self.widget = widgets.VBox([
             widgets.HBox(list(self.fields.values()), layout=widgets.Layout(flex_flow="row wrap")),
             widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap")),
-            self.button, self.status, self.output])
+            self.estimate_line, self.button, self.status, self.output])
         self.replan()
 
-    def session(self, **settings):
+    def session(self, **settings) -> Finetune:
         """The `labkit.Finetune` of the form's fields (kept per settings: the data is tokenized once)."""
         key = (*(w.value.strip() for w in self.fields.values()), *sorted(settings.items()))
         if key not in self._sessions:
             model, data, gpu = key[:3]
             self._sessions[key] = Finetune(model, data=data, gpu=gpu, **settings)
+            if settings:  # the same tokenizer and tokens as the form's plan: tokenized once
+                first = self.session()
+                self._sessions[key].__dict__.update(tokenizer=first.tokenizer, encoded=first.encoded)
         return self._sessions[key]
 
-    def _do(self, what: str, call) -> None:
+    def _values(self) -> tuple[dict, str]:
+        values = {name: w.value for name, w in self.controls.items()}
+        return values, ", ".join(f"{name}={value!r}" for name, value in values.items())
+
+    def _do(self, done: str, call) -> None:
         self.last_error = None
         self.output.clear_output()
-        start = time.perf_counter()
+        start, figures_before, mark = time.perf_counter(), _open_figures(), figure_mark()
         try:
-            with self.output:
-                self.last_result = call()
-                display(self.last_result)
-            self.status.value = f"{what} in {time.perf_counter() - start:.1f} s."
+            failure = None
+            with self.output, detached_figures():
+                try:
+                    self.last_result = call()
+                    display(self.last_result)
+                    _display_new_figures(figures_before, mark)
+                except Exception as error:  # noqa: BLE001 - re-raised below, outside the output area
+                    failure = error
+            if failure is not None:
+                raise failure
+            self.status.value = done.format(s=f"{time.perf_counter() - start:.1f}")
         except Exception as error:  # shown in the form: ipywidgets would swallow it
             self.last_error = error
             self.status.value = (f"<span style='color:#b00'><b>{type(error).__name__}:</b> "
                                  f"{html.escape(str(error))}</span>")
 
     def replan(self) -> None:
-        """Plan with the current values (what moving a slider does)."""
-        values = {name: w.value for name, w in self.controls.items()}
-        self._do("Planned", lambda: self.session().plan(values["seq_len"], values["batch_size"],
-                                                        self.METHODS[values["method"]]))
+        """Plan with the current values (what moving a slider does), and say how long Run would take."""
+        values, said = self._values()
+        self._do(f"Planned ({html.escape(said)}); Run measures.", lambda: self.session().plan(
+            values["seq_len"], values["batch_size"], self.METHODS[values["method"]]))
+        try:
+            base = self.session(seq_len=values["seq_len"], batch_size=values["batch_size"]).run_config()
+            guesses = [estimate_run(method_config(base, m)) for m in self.METHODS[values["method"]]]
+        except (LabkitError, OSError, ValueError, KeyError):
+            guesses = [None]
+        text = NO_ESTIMATE if None in guesses else str(guesses[0]) if all(g.cached for g in guesses) else \
+            f"Estimated time: about {format_seconds(sum(g.seconds for g in guesses))} (from runs on this machine)."
+        self.estimate_line.value = f"<i>{html.escape(text)}</i>"
 
     def measure(self) -> None:
-        """Measure with the current values (what pressing Measure does)."""
-        values = {name: w.value for name, w in self.controls.items()}
-        self.status.value = "Measuring ..."
-        self._do("Measured", lambda: self.session(seq_len=values["seq_len"], batch_size=values["batch_size"])
-                 .measure(methods=self.METHODS[values["method"]]))
+        """Measure with the current values (what pressing Run does), with a chart of predicted against measured."""
+        values, said = self._values()
+        self.status.value = f"Running with {html.escape(said)} ..."
+        self._do(f"Done in {{s}} s ({html.escape(said)}).", lambda: self._measured(values))
+
+    def _measured(self, values: dict):
+        result = self.session(seq_len=values["seq_len"], batch_size=values["batch_size"]).measure(
+            methods=self.METHODS[values["method"]])
+        ran = result.frame.dropna(subset=["peak_memory_bytes"])
+        if len(ran):
+            bars(ran, "method", ["predicted_bytes", "peak_memory_bytes"])
+        return result
 
     def _ipython_display_(self, **kwargs):
         display(self.widget)

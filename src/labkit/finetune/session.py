@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from .. import machine, train
@@ -21,17 +23,18 @@ from ..models import own
 from ..result import RunResult
 from ..techniques.lora import lora_state_dict
 from ..text import pydoc_bpe
-from ..text.own_data import DEFAULT_OWN_SEQ_LEN, encode_records
+from ..text.own_data import DEFAULT_OWN_SEQ_LEN, HELD_OUT, encode_records
 from ..text.records import is_data_file, is_hf_dataset
 from ..validate import is_int
 from .audit import LEAK_TOLERANCE, Audit, audit_examples, packing_leak
 from .ladder import FinetuneLadder, climb
 from .measure import Measurement, measure_methods, method_config, run_method
-from .plan import METHODS, Plan, make_plan
+from .plan import METHODS, Plan, largest_batch, make_plan
 from .recommend import Recommendation, recommend_from
 from .target import parse_target
 
 LEAK_DOCUMENTS = 4  # examples packed in one row for the leak check
+MARGIN = 0.10  # the share of the target's memory the largest batch leaves free (fragmentation, a longer batch)
 
 
 def _positive(name: str, value, optional: bool = False):
@@ -147,6 +150,28 @@ class Finetune:
     def measure(self, methods=("full", "lora"), refresh: bool = False) -> Measurement:
         """A few steps of each method here, as long as the longest batch: measured beside predicted."""
         return measure_methods(self.run_config(), self.shape, methods, refresh=refresh)
+
+    def largest_batch(self, method: str = "lora", margin: float = MARGIN) -> Measurement:
+        """The largest batch that fits the target's memory less ``margin``, measured: the plan's largest batch (rows
+        as long as the longest example, at most the training examples) run here, halved until its measured peak
+        fits. Its rows are `measure`'s, the last one the batch that fits (none fits: an empty result says so)."""
+        if method not in ("full", "lora"):
+            raise ConfigError("method", method, "'full' or 'lora'")
+        if not 0 <= margin < 1:
+            raise ConfigError("margin", margin, "a share of the memory, 0 <= margin < 1 (e.g. 0.1)")
+        budget = int(self.target.memory_bytes * (1 - margin))
+        train_rows = len(self.encoded.examples) - 2 * max(1, round(HELD_OUT * len(self.encoded.examples)))
+        batch = min(largest_batch(self.shape, method, self.lengths()["max"], replace(self.target, memory_bytes=budget)),
+                    train_rows)
+        frames = []
+        while batch >= 1:
+            row = measure_methods(self.run_config().replace(batch_size=batch), self.shape, (method,)).frame
+            row["budget_bytes"] = budget
+            frames.append(row)
+            if row["peak_memory_bytes"].notna().all() and (row["peak_memory_bytes"] <= budget).all():
+                break
+            batch //= 2
+        return Measurement(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
 
     def ladder(self, rungs=None, refresh: bool = False) -> FinetuneLadder:
         """Each technique on this model and data, rung by rung, counted only outside the noise (packing only where

@@ -15,7 +15,8 @@ from ..errors import ConfigError
 from ..units import GIB
 
 NAMED = ("t4", "kaggle-2xt4", "this")
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB|G)\s*$", re.IGNORECASE)
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB|G|MiB|MB)\s*$", re.IGNORECASE)
+UNITS = {"gib": GIB, "g": GIB, "gb": 1e9, "mib": 2**20, "mb": 1e6}
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def parse_target(spec: str | int | Target | None = None) -> Target:
         return Target(f"this {here.gpu} ({budget / GIB:.3g} GiB free)", budget, 1, here.gpu,
                       "bf16" if here.bf16_native else "fp16")
     if (match := SIZE.match(spec)) is not None:
-        size = float(match.group(1)) * (GIB if match.group(2).lower() in ("gib", "g") else 1e9)
+        size = float(match.group(1)) * UNITS[match.group(2).lower()]
         if size > 0:
             return Target(f"{match.group(1)} {match.group(2)}", int(size))
     raise ConfigError("gpu", spec, allowed)

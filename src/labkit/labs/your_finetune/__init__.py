@@ -32,6 +32,7 @@ def write_data(folder: Path, count: int, seed: int = 0) -> dict[str, str]:
     """JSONL files in ``folder``: prompt/completion pairs and chats of uneven lengths, and the seeded fault (pairs
     whose prompts are longer than `SEQ_LEN` tokens, so truncation leaves nothing to train); shape -> path."""
     rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
     pairs = [{"prompt": _sentence(rng, 4, 40) + " ", "completion": _sentence(rng, 2, 30)} for _ in range(count)]
     chats = [{"messages": [{"role": "user", "content": _sentence(rng, 3, 30)},
                            {"role": "assistant", "content": _sentence(rng, 2, 40)}]} for _ in range(count)]
@@ -50,7 +51,6 @@ def workload(profile: Profile) -> SimpleNamespace:
     Fields: model, data, shapes (shape -> generated file), rungs, gpu, folder, train_steps."""
     name = "ci" if profile.shrunk else profile.name
     folder = cache_dir() / "11_your_finetune" / (name + "-shrunk" * profile.shrunk)
-    folder.mkdir(parents=True, exist_ok=True)
     fields, count = SIZES.get(name, SIZES["quick"])
     shapes = write_data(folder, count)
     model, data = HUB_MODEL, HUB_DATA
