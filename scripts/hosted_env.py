@@ -139,7 +139,7 @@ def check(name: str, venv: Path) -> int:
     """Print the versions there, then run the image's tests and notebooks; returns the worst exit code.
 
     First the notebooks whose setup cell installs no torchao, with the image's own (Colab's 0.10, which PEFT 0.19+
-    refuses); then torchao as 06's and 08's setup cells install it, and the tests and the other notebooks.
+    refuses); then torchao as 06's and 08's setup cells install it, and the other notebooks and the tests together.
     """
     entry = image(name)
     python = venv / "bin" / "python"
@@ -170,9 +170,9 @@ def check(name: str, venv: Path) -> int:
                                                 "print(torchao_requirement())"],
                                  check=True, capture_output=True, text=True, cwd="/").stdout.strip()
     run(*_pip(python), requirement)  # what 06's and 08's setup cells install
-    worst = max(worst, _pytest(python, name, entry["tests"], env))
-    if after:
-        worst = max(worst, _pytest(python, name, (*NBVAL, *after), env))
+    # The tests and those notebooks in one run: each notebook first (in order, not xdist's by-size order), on one
+    # worker while the other takes the test files, rather than alone after them with a core idle.
+    worst = max(worst, _pytest(python, name, (*NBVAL, "--no-loadscope-reorder", *after, *entry["tests"]), env))
     shutil.rmtree(env["LABKIT_DATA_DIR"], ignore_errors=True)
     return worst
 

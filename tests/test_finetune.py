@@ -199,3 +199,11 @@ def test_the_largest_batch_is_measured_and_halved_until_it_fits(folder):
     assert list(rows["batch"]) == sorted(rows["batch"], reverse=True)
     with pytest.raises(ConfigError, match="margin=1.5"):
         mine.largest_batch(margin=1.5)
+
+
+def test_the_recommendation_cites_the_measured_row(folder):
+    data = write_jsonl(folder / "short.jsonl", prompt_completion(24))
+    mine = Finetune(model_dir(folder, "Qwen/Qwen2.5-0.5B"), data=data, gpu="t4", seq_len=128, batch_size=4)
+    assert "measured here" not in mine.recommend().frame.iloc[0]["because"]
+    mine.measure(methods=("full",))
+    assert "measured here at batch 4" in mine.recommend().frame.iloc[0]["because"]

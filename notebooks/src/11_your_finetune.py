@@ -21,6 +21,8 @@
 # the plan and the memory counts are exact there; times are this machine's, and a T4's differ.
 
 # %%
+import pprint
+
 import labkit
 from labkit import guesses, plots
 from labkit.labs import your_finetune as lab  # this notebook's model, data and workload
@@ -43,7 +45,10 @@ labkit.env_report()
 # %%
 print(f"model: {W.model}\ndata:  {W.data}\nthe other shapes written here: {list(W.shapes)}")
 mine = labkit.Finetune(W.model, data=W.data, gpu=W.gpu, batch_size=8)
-mine.shape  # what the plan reads from config.json: layers, widths, heads, vocabulary
+arch = mine.shape  # what the plan reads from config.json
+print(f"{arch.num_hidden_layers} layers of width {arch.hidden_size}, {arch.num_attention_heads} heads "
+      f"({arch.num_key_value_heads} for K/V), vocabulary {arch.vocab_size}: {arch.num_parameters() / 1e6:.3g}M "
+      "parameters")
 
 # %% [markdown]
 # ## 2. The audit: what is trained?
@@ -82,7 +87,7 @@ assert "[[" in audit.example and 0 < supervised < 1
 audits = {shape: labkit.Finetune(W.model, data=path, gpu=W.gpu, seq_len=lab.SEQ_LEN).audit(packing=False)
           for shape, path in W.shapes.items()}
 for shape, result in audits.items():
-    print(f"{shape}: {result.finding()}\n")
+    print(f"{shape}:\n{result.finding()}\n")
 
 # %% jupyter={"source_hidden": true} tags=["check"]
 # check: the planted fault is found, and only there
@@ -178,7 +183,8 @@ assert ladder.frame[ladder.frame.method == "full"].error.isna().all(), ladder.fr
 # %%
 rec = mine.recommend()
 print(rec.yaml())
-print(f"SFTConfig(**{rec.sft})\nLoraConfig(**{rec.lora})\nBitsAndBytesConfig(**{rec.bnb})")
+for name, kwargs in {"SFTConfig": rec.sft, "LoraConfig": rec.lora, "BitsAndBytesConfig": rec.bnb}.items():
+    print(f"{name}(**{pprint.pformat(kwargs, width=80)})")
 rec
 
 # %%

@@ -54,9 +54,10 @@ def _pick(plan: Plan) -> pd.Series | None:
     return None
 
 
-def recommend_from(plan: Plan, model: str, data: str, loss_on: str | None, batch: int, lr: float = 2e-4
-                   ) -> Recommendation:
-    """The `Recommendation` for ``model`` on ``data`` from ``plan`` (see the module).
+def recommend_from(plan: Plan, model: str, data: str, loss_on: str | None, batch: int, lr: float = 2e-4,
+                   measured=None) -> Recommendation:
+    """The `Recommendation` for ``model`` on ``data`` from ``plan`` (see the module); ``measured``: a `Measurement`
+    of this model here, whose row for the chosen method the choice cites beside the plan's.
 
     Example:
         >>> recommend_from(mine.plan(), "Qwen/Qwen2.5-0.5B", "chats.jsonl", "assistant", 8).sft["max_length"]
@@ -77,6 +78,11 @@ def recommend_from(plan: Plan, model: str, data: str, loss_on: str | None, batch
     precision = plan.target.precision
     because = (f"predicted {row['knob_total_bytes'] / GIB:.3g} GiB of {plan.target.memory_bytes / GIB:.3g} on "
                f"{plan.target.label} (plan row {row['method']}, {row['length']} = {row['seq_len']} tokens)")
+    if measured is not None and (rows := measured.frame[measured.frame["method"] == row["method"]]).size:
+        seen = rows.iloc[-1]
+        if seen.get("peak_memory_bytes") == seen.get("peak_memory_bytes"):  # measured (not NaN)
+            because += (f"; measured here at batch {seen['batch']}: {seen['peak_memory_bytes'] / 2**20:.3g} MiB, "
+                        f"{seen['error']:+.1%} from its prediction")
     choices = [("method", row["method"], because), ("seq_len", int(row["seq_len"]), f"the data's {row['length']}: "
                "longer examples are cut (the audit counts them)"),
                ("batch", f"{micro} x {accum}" if accum > 1 else micro, "the largest micro-batch that fits, "

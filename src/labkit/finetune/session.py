@@ -71,6 +71,7 @@ class Finetune:
         self.shape = own.config_shape(self.config)
         limit = own.max_positions(model)
         self.seq_len = min(_positive("seq_len", seq_len, optional=True) or DEFAULT_OWN_SEQ_LEN, limit)
+        self.measured: Measurement | None = None  # the last measure()
 
     @functools.cached_property
     def tokenizer(self):
@@ -147,9 +148,11 @@ class Finetune:
                          seq_len=self.lengths()["max"], packing="pad_max", max_steps=steps, evaluate=False,
                          loss_on=self.loss_on, data_columns=self.data_columns, lr=2e-4)
 
-    def measure(self, methods=("full", "lora"), refresh: bool = False) -> Measurement:
-        """A few steps of each method here, as long as the longest batch: measured beside predicted."""
-        return measure_methods(self.run_config(), self.shape, methods, refresh=refresh)
+    def measure(self, methods=("full", "lora", "qlora"), refresh: bool = False) -> Measurement:
+        """A few steps of each method here, as long as the longest batch: measured beside predicted (kept, so that
+        `recommend` cites it)."""
+        self.measured = measure_methods(self.run_config(), self.shape, methods, refresh=refresh)
+        return self.measured
 
     def largest_batch(self, method: str = "lora", margin: float = MARGIN) -> Measurement:
         """The largest batch that fits the target's memory less ``margin``, measured: the plan's largest batch (rows
@@ -210,4 +213,5 @@ class Finetune:
 
     def recommend(self) -> Recommendation:
         """The run the plan supports, as labkit's config and TRL / PEFT / bitsandbytes arguments."""
-        return recommend_from(self.plan(), self.model, self.data, self.encoded.loss_on, self.batch_size)
+        return recommend_from(self.plan(), self.model, self.data, self.encoded.loss_on, self.batch_size,
+                              measured=self.measured)

@@ -34,8 +34,8 @@ def write_data(folder: Path, count: int, seed: int = 0) -> dict[str, str]:
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     pairs = [{"prompt": _sentence(rng, 4, 40) + " ", "completion": _sentence(rng, 2, 30)} for _ in range(count)]
-    chats = [{"messages": [{"role": "user", "content": _sentence(rng, 3, 30)},
-                           {"role": "assistant", "content": _sentence(rng, 2, 40)}]} for _ in range(count)]
+    chats = [{"messages": [{"role": role, "content": _sentence(rng, 2, 14)} for _ in range(rng.randint(1, 3))
+                           for role in ("user", "assistant")]} for _ in range(count)]
     faulty = [{"prompt": _sentence(rng, SEQ_LEN, 2 * SEQ_LEN), "completion": p["completion"]} for p in pairs]
     paths = {}
     for shape, records in (("prompt/completion", pairs), ("messages", chats), ("seeded fault", faulty)):
