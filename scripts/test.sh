@@ -27,8 +27,9 @@ part() {
 }
 
 # Colab's image (scripts/hosted_images.toml): its environment is built in the background from the start, beside the
-# setup (whose pip leaves the second core mostly idle) and the parts after it, then tested as the last part. The
-# build needs only the standard library, so the host's Python runs it. Its log: build/hosted-colab-build.log.
+# setup (whose pip leaves the second core mostly idle) and the parts after it; its tests run in the background beside
+# the browser part, and the last part waits for them. The build needs only the standard library, so the host's Python
+# runs it. Its logs: build/hosted-colab-build.log, build/hosted-colab-run.log.
 mkdir -p build
 "${HOST_PYTHON:-python3}" scripts/hosted_env.py colab --build-only > build/hosted-colab-build.log 2>&1 &
 hosted_build=$!
@@ -44,21 +45,25 @@ fi
 part lint "$BIN/ruff" check .
 part import-layers "$BIN/lint-imports"  # the engine's layers: [tool.importlinter] in pyproject.toml
 # Both cores: two pytest workers of one thread each (two workers of two threads each ran slower than one). A test
-# file (--dist loadfile) or a notebook's cells (nbval needs them in order, in one kernel) stay on one worker.
-XDIST=(-n 2 --dist loadfile)
+# file (--dist loadfile) or a notebook's cells (nbval needs them in order, in one kernel) stay on one worker, handed
+# out in the order given: the longest first, so that neither worker is left with a long one at the end while the
+# other core idles (--no-loadscope-reorder: else xdist sorts them by their number of tests, which put 07, the longest
+# notebook, eighth of eleven, and the slowest test files after the many quick ones).
+XDIST=(-n 2 --dist loadfile --no-loadscope-reorder)
 # A notebook's kernel may take over nbval's default 60 s to answer while the other worker's notebook trains on both
 # cores (07's torchrun jobs): seen once, on 2026-12-05, as every cell of 09 failing to start. Slow is not broken.
 NBVAL=(--nbval-lax --nbval-current-env --nbval-kernel-startup-timeout=240)
 part unit-tests env OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/browser \
   "${XDIST[@]}" --durations=15
-# The notebooks with the named ones first (the longest, so that neither worker is left with one at the end), then
-# the rest in order; a notebook named with a leading "-" is left out.
+# The notebooks with the named ones first (the longest first, so that neither worker is left with one at the end),
+# then the rest in order; a notebook named with a leading "-" is left out, one named that does not exist (yet) too.
 notebooks_in_order() {
   local chosen=() skip=() notebook prefix
   for prefix in "$@"; do [[ $prefix == -* ]] && skip+=("${prefix#-}"); done
   for notebook in $(for prefix in "$@"; do [[ $prefix == -* ]] || echo notebooks/"$prefix"_*.ipynb; done) \
       notebooks/[0-9][0-9]_*.ipynb; do
-    [[ " ${chosen[*]} " == *" $notebook "* || " ${skip[*]} " == *" ${notebook:10:2} "* ]] || chosen+=("$notebook")
+    [[ ! -e $notebook || " ${chosen[*]} " == *" $notebook "* || " ${skip[*]} " == *" ${notebook:10:2} "* ]] \
+      || chosen+=("$notebook")
   done
   echo "${chosen[@]}"
 }
@@ -77,6 +82,18 @@ full_shapes() {
     -p no:cacheprovider "${XDIST[@]}" --durations=10 $(notebooks_in_order 09 02 08 06 04 01 -07)
 }
 part full-shapes full_shapes
+# Colab's image's tests start here, beside the browser part, at a lower priority (nice): the browser part leaves about
+# a third of CI's 2 cores idle (its kernels, JupyterLab and Chromium wait on one another), which they take up, without
+# slowing the browser's kernels where both want a core. The hosted-colab part below waits for them.
+hosted_wait_s=$SECONDS
+wait "$hosted_build"
+hosted_build_status=$?
+hosted_wait_s=$((SECONDS - hosted_wait_s))
+hosted_run=
+if [ $hosted_build_status = 0 ]; then
+  nice -n 10 "$PY" scripts/hosted_env.py colab --run-only > build/hosted-colab-run.log 2>&1 &
+  hosted_run=$!
+fi
 # After nbval, so that the notebooks' runs come from the result cache it filled (the panels' runs use new
 # settings, so they train for real); two notebooks at a time on CI's 2 cores. Screenshots: build/browser/.
 # Without Chromium this part says how to get it and skips; .ci/run sets LABKIT_REQUIRE_BROWSER=1, where it fails.
@@ -91,15 +108,18 @@ browser() {
 }
 part browser browser
 # Colab's image: an older torch, its Python, ipywidgets 7.7.1, transformers 4, labkit installed as the setup cell
-# installs it; the quick unit tests (the panel's among them, so ipywidgets 7's API) and two notebooks there.
+# installs it; the quick unit tests (the panel's among them, so ipywidgets 7's API) and three notebooks there. They
+# ran beside the browser part (above); this part is the time left after it.
 hosted_colab() {
-  local start=$SECONDS
-  wait "$hosted_build"
-  local status=$?
-  echo "(environment built in the background; waited $((SECONDS - start)) s for it)"
+  echo "(environment built in the background; waited $hosted_wait_s s for it before the browser part)"
   grep -v "^WARNING: Location" build/hosted-colab-build.log | tail -n 20
-  [ $status = 0 ] || return $status
-  "$PY" scripts/hosted_env.py colab --run-only
+  [ $hosted_build_status = 0 ] || return $hosted_build_status
+  local start=$SECONDS
+  wait "$hosted_run"
+  local status=$?
+  echo "(its tests ran beside the browser part; waited $((SECONDS - start)) s more for them)"
+  grep -v "^WARNING: Location" build/hosted-colab-run.log
+  return $status
 }
 part hosted-colab hosted_colab
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 from own_fixtures import chats, model_dir, prompt_completion, write_jsonl
 
-import labkit
 from labkit import cli
 from labkit.errors import ConfigError
 from labkit.finetune import Finetune, Plan, audit_examples, packing_leak, parse_target, recommend_from
@@ -56,7 +55,10 @@ def test_a_7b_plan_comes_from_its_config_alone_in_seconds(folder, monkeypatch):
     assert "QLoRA" in plan.finding()
     nothing = Finetune("Qwen/Qwen2.5-7B", data=data, gpu="2GiB").plan()
     assert "NO plan fits" in nothing.finding() and "smallest" in nothing.finding()
-    assert Finetune("Qwen/Qwen2.5-7B", data=data, gpu="2GiB").recommend().frame.iloc[0]["value"] == "none"
+    refused = Finetune("Qwen/Qwen2.5-7B", data=data, gpu="2GiB").recommend()
+    assert refused.frame.iloc[0]["value"] == "none"
+    with pytest.raises(ConfigError, match="a plan that fits"):
+        refused.run_config()
 
 
 def test_bad_fields_are_named():
@@ -126,7 +128,7 @@ def test_the_predicted_peak_holds_its_stated_error(folder, long_data, repo, shap
 def test_the_recommendation_builds_the_libraries_objects(folder, long_data):
     mine = Finetune(model_dir(folder, "Qwen/Qwen2.5-0.5B"), data=long_data, gpu="t4", batch_size=4)
     rec = mine.recommend()
-    assert labkit.RunConfig(**rec.config).seq_len == rec.sft["max_length"]
+    assert rec.run_config().seq_len == rec.sft["max_length"] and "seq_len:" in rec.yaml()
     assert "because" in rec.frame and rec.frame["because"].str.len().min() > 5
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")

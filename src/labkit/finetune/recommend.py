@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 import yaml
 
+from ..config import RunConfig
+from ..errors import ConfigError
 from ..labresult import LabResult
 from ..messages import worded
 from ..units import GIB
@@ -34,6 +36,12 @@ class Recommendation(LabResult):
     lora: dict | None = field(default=None, kw_only=True)
     bnb: dict | None = field(default=None, kw_only=True)
 
+    def run_config(self) -> RunConfig:
+        """labkit's `RunConfig` of the recommendation (QLoRA's NF4 base is `labkit.finetune.qlora`'s, not a field)."""
+        if not self.config:
+            raise ConfigError("recommendation", str(self.finding()), "a plan that fits the target")
+        return RunConfig(**self.config)
+
     def yaml(self) -> str:
         """labkit's config as YAML (`labkit.load_config` reads it)."""
         return yaml.safe_dump(self.config, sort_keys=False)
@@ -41,6 +49,8 @@ class Recommendation(LabResult):
     @worded
     def finding(self) -> str:
         values = dict(zip(self.frame["choice"], self.frame["value"], strict=True))
+        if values["method"] == "none":
+            return f"Nothing to recommend: {self.frame.iloc[0]['because']}."
         return (f"Train {values['method']} at seq_len {values['seq_len']}, batch {values['batch']}"
                 + (f" ({values['knobs']})" if values.get("knobs") else "") + f": {self.frame.iloc[0]['because']}.")
 

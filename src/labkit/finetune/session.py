@@ -192,11 +192,9 @@ class Finetune:
         adapter (`labkit.techniques.lora.lora_state_dict`, ``adapter.pt``, with its LoraConfig arguments beside it)
         or, for a full fine-tune, the weights (``model.pt``) in ``out_dir``."""
         rec = recommendation or self.recommend()
-        if not rec.config:
-            raise ConfigError("recommendation", rec.finding(), "a plan that fits the target")
         method = {"full": "full", "LoRA": "lora", "QLoRA": "qlora"}[rec.frame.set_index("choice").loc["method",
                                                                                                       "value"]]
-        cfg = RunConfig(**rec.config).replace(evaluate=False, **({"max_steps": max_steps} if max_steps else {}))
+        cfg = rec.run_config().replace(evaluate=False, **({"max_steps": max_steps} if max_steps else {}))
         if not self.target.on_gpu or machine.gpu_budget_bytes() is None:  # trained here, not on the target
             cfg = cfg.replace(precision="auto")
         if method == "qlora":
