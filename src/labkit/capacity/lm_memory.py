@@ -153,16 +153,22 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     a, n = _HALF[precision], shape.num_parameters()
     targets = () if method == "full" else (LINEAR_TARGETS if lora_targets == "all" else tuple(lora_targets))
     rank = 0 if method == "full" else lora_rank
+    one_layer = sum(shape.layer_linear_params().values())
+    output = shape.vocab_size * shape.hidden_size  # the output layer's weight (the embeddings' where tied)
     if method == "full":
         state = training_memory(n, "fp32", optimizer)
-        weights = state["weights"] + (2 * n if a == 2 else 0)  # autocast's half copy of every weight
+        # autocast's half copy of every weight, kept for the backward pass; checkpointed, the forward keeps none and
+        # the backward recasts one layer at a time (and the output layer)
+        weights = state["weights"] + (2 * (one_layer + output if checkpointing else n) if a == 2 else 0)
     else:
         adapters = lora_parameters(shape, rank, targets)
         state = training_memory(adapters, "fp32", optimizer)
         base = 2 if a == 2 and (half_base or method == "qlora") else 4
         linear = shape.num_hidden_layers * sum(shape.layer_linear_params().values())
         weights = state["weights"] + (NF4_BYTES if method == "qlora" else base) * linear + base * (n - linear)
-        weights += 2 * linear if a == 2 and base == 4 else 0  # autocast's copies of the float32 base's weights
+        # autocast's copies of the float32 base's weights, kept for the backward (checkpointed: one layer's)
+        # (and the output layer's, which no checkpoint covers)
+        weights += 2 * ((one_layer if checkpointing else linear) + output) if a == 2 and base == 4 else 0
     layer = layer_activation_bytes(shape, precision, attn_implementation, seq_len, rank, targets, masked)
     tokens, h, count = seq_len * micro_batch, shape.hidden_size, shape.num_hidden_layers
     kept = tokens * 4 * h * count if checkpointing else 0  # each layer's input
