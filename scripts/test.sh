@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test: the setup (`make install`), lint, the import layers, unit tests, every notebook under nbval, every
 # notebook again on `full`'s code path with its models shrunk (LABKIT_SHRINK), then every notebook in JupyterLab in
-# headless Chromium (tests/browser: the learner's view, panels driven), then Colab's current image (Python 3.13, its
-# torch, PEFT and old torchao, ipywidgets 7.7.1). Run through `make test`. Prints how long each part took.
+# headless Chromium (tests/browser: the learner's view, panels driven) with Colab's current image (Python 3.13, its
+# torch, PEFT and old torchao, ipywidgets 7.7.1) tested beside it. Run through `make test`. Prints how long each part
+# took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -31,7 +32,8 @@ part() {
 # the browser part, and the last part waits for them. The build needs only the standard library, so the host's Python
 # runs it. Its logs: build/hosted-colab-build.log, build/hosted-colab-run.log.
 mkdir -p build
-"${HOST_PYTHON:-python3}" scripts/hosted_env.py colab --build-only > build/hosted-colab-build.log 2>&1 &
+# At a lower priority (nice): where it outlasts the setup, it takes what the unit tests leave rather than a core.
+nice -n 10 "${HOST_PYTHON:-python3}" scripts/hosted_env.py colab --build-only > build/hosted-colab-build.log 2>&1 &
 hosted_build=$!
 
 part setup "${MAKE:-make}" install PYTHON="${HOST_PYTHON:-python3}"  # the venv's base Python, not $PYTHON (the venv's own)
@@ -45,11 +47,8 @@ fi
 part lint "$BIN/ruff" check .
 part import-layers "$BIN/lint-imports"  # the engine's layers: [tool.importlinter] in pyproject.toml
 # Both cores: two pytest workers of one thread each (two workers of two threads each ran slower than one). A test
-# file (--dist loadfile) or a notebook's cells (nbval needs them in order, in one kernel) stay on one worker, handed
-# out in the order given: the longest first, so that neither worker is left with a long one at the end while the
-# other core idles (--no-loadscope-reorder: else xdist sorts them by their number of tests, which put 07, the longest
-# notebook, eighth of eleven, and the slowest test files after the many quick ones).
-XDIST=(-n 2 --dist loadfile --no-loadscope-reorder)
+# file (--dist loadfile) or a notebook's cells (nbval needs them in order, in one kernel) stay on one worker.
+XDIST=(-n 2 --dist loadfile)
 # A notebook's kernel may take over nbval's default 60 s to answer while the other worker's notebook trains on both
 # cores (07's torchrun jobs): seen once, on 2026-12-05, as every cell of 09 failing to start. Slow is not broken.
 NBVAL=(--nbval-lax --nbval-current-env --nbval-kernel-startup-timeout=240)
@@ -57,6 +56,8 @@ part unit-tests env OMP_NUM_THREADS=1 "$PY" -m pytest tests -q -p no:cacheprovid
   "${XDIST[@]}" --durations=15
 # The notebooks with the named ones first (the longest first, so that neither worker is left with one at the end),
 # then the rest in order; a notebook named with a leading "-" is left out, one named that does not exist (yet) too.
+# They are handed out in this order (--no-loadscope-reorder): by default xdist sorts them by their number of cells,
+# which put 07, the longest, eighth of eleven. (The unit tests keep xdist's order: their ~80 files end evenly.)
 notebooks_in_order() {
   local chosen=() skip=() notebook prefix
   for prefix in "$@"; do [[ $prefix == -* ]] && skip+=("${prefix#-}"); done
@@ -69,7 +70,7 @@ notebooks_in_order() {
 }
 # shellcheck disable=SC2046  # the notebooks' paths have no spaces
 part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest "${NBVAL[@]}" -q -p no:cacheprovider \
-  "${XDIST[@]}" --durations=15 $(notebooks_in_order 07 09 06 02)
+  "${XDIST[@]}" --no-loadscope-reorder --durations=15 $(notebooks_in_order 07 09 11 06 02 08 10 01 03)
 # `full`'s code path on the CPU: every notebook at the `full` profile with its models shrunk but keeping their
 # architecture (labkit.env.FULL_SHRUNK: a couple of decoder layers with tied embeddings, GQA and Qwen's biases, the
 # BatchNorm ResNet-18 at half width), random weights, offline. The shared data folder gives it nbval's tokenizers and
@@ -79,7 +80,8 @@ part notebooks env OMP_NUM_THREADS=1 "$PY" -m pytest "${NBVAL[@]}" -q -p no:cach
 full_shapes() {
   # shellcheck disable=SC2046
   env OMP_NUM_THREADS=1 LABKIT_PROFILE=full LABKIT_SHRINK=1 "$PY" -m pytest "${NBVAL[@]}" -q \
-    -p no:cacheprovider "${XDIST[@]}" --durations=10 $(notebooks_in_order 09 02 08 06 04 01 -07)
+    -p no:cacheprovider "${XDIST[@]}" --no-loadscope-reorder --durations=10 \
+    $(notebooks_in_order 09 11 02 08 06 10 01 03 04 -07)
 }
 part full-shapes full_shapes
 # Colab's image's tests start here, beside the browser part, at a lower priority (nice): the browser part leaves about
