@@ -23,6 +23,8 @@
 # %%
 import pprint
 
+import pandas as pd
+
 import labkit
 from labkit import guesses, plots
 from labkit.labs import your_finetune as lab  # this notebook's model, data and workload
@@ -140,7 +142,8 @@ guess_error = None  # YOUR GUESS: e.g. 0.05
 measured = mine.measure(methods=("full", "lora", "qlora"))
 ran = measured.frame.dropna(subset=["peak_memory_bytes"])
 print(guesses.versus(guess_error, ran.error.abs().max(), "the largest |predicted / measured - 1|"))
-plots.bars(ran, "method", ["predicted_bytes", "peak_memory_bytes"])
+both = pd.concat([ran.assign(peak="predicted", peak_memory_bytes=ran.predicted_bytes), ran.assign(peak="measured")])
+plots.bar(both, "method", "peak_memory_bytes", hue="peak")
 measured
 
 # %% jupyter={"source_hidden": true} tags=["check"]
@@ -155,8 +158,9 @@ assert {"full", "LoRA"} <= set(ran.method) and (ran.error.abs() < 0.35).all(), r
 # ## 5. The ladder on your model
 # Notebook 10 climbed a speed ladder on its own model; here the rungs of `labkit.finetune.ladder.RUNGS` run on
 # yours, each one change over the rung below, its time per real token counted only outside the noise it measured.
-# Packing is a rung only where the audit found no leak between packed documents. **Predict first:** how many rungs
-# will be faster than the one below, outside the noise?
+# Packing is a rung only where the audit found no leak between packed documents; `W.rungs` is this profile's choice
+# (compile's first build alone takes a CPU about a minute), and `mine.ladder()` climbs them all. **Predict first:**
+# how many rungs will be faster than the one below, outside the noise?
 
 # %%
 guess_faster_rungs = None  # YOUR GUESS: e.g. 2

@@ -30,6 +30,7 @@ import time
 import traceback
 
 import ipywidgets as widgets
+import pandas as pd
 from IPython.display import Image, display
 from matplotlib._pylab_helpers import Gcf
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -39,7 +40,7 @@ from .errors import ConfigError, LabkitError
 from .estimates import estimate_run, format_seconds
 from .finetune import Finetune
 from .finetune.measure import method_config
-from .plots import bars, detached_figures, figure_mark, figures_since
+from .plots import bar, detached_figures, figure_mark, figures_since
 from .validate import is_number
 
 _WIDE = {"description_width": "initial"}
@@ -431,7 +432,8 @@ class FinetuneForm:
             methods=self.METHODS[values["method"]])
         ran = result.frame.dropna(subset=["peak_memory_bytes"])
         if len(ran):
-            bars(ran, "method", ["predicted_bytes", "peak_memory_bytes"])
+            bar(pd.concat([ran.assign(peak="predicted", peak_memory_bytes=ran.predicted_bytes),
+                           ran.assign(peak="measured")]), "method", "peak_memory_bytes", hue="peak")
         return result
 
     def _ipython_display_(self, **kwargs):

@@ -34,7 +34,7 @@ def test_the_data_comes_in_both_shapes_seeded_and_the_same_each_time(tmp_path):
 def test_ci_builds_a_small_qwen_offline_with_a_subset_of_rungs(workload):
     mine = Finetune(workload.model, data=workload.data, gpu=workload.gpu)
     assert mine.config.model_type == "qwen2" and mine.config.tie_word_embeddings  # the architecture kept
-    assert mine.shape.num_hidden_layers == 2 and workload.rungs == lab.CI_RUNGS and 0 < workload.train_steps <= 40
+    assert mine.shape.num_hidden_layers == 2 and workload.rungs == lab.RUNGS["ci"] and 0 < workload.train_steps <= 16
     assert lab.workload(PROFILES["full"]).model == lab.HUB_MODEL  # the hub model at full
 
 

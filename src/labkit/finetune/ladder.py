@@ -23,8 +23,8 @@ from ..messages import worded
 from ..techniques.precision import resolve_precision
 from ..units import mib
 from .measure import method_config, run_method
+from .plan import loss_chunks_for
 
-LOSS_CHUNKS = 8
 # Published rows for a rung, quoted with where they come from (../shared/REFERENCES.md): never measured here.
 PUBLISHED = {
     "+packing": "torchtune, Llama 3.2 3B, A100: +238 % tokens/s",
@@ -56,7 +56,7 @@ def ladder_configs(base: RunConfig, packing_ok: bool, rungs=None) -> dict[str, t
     steps += [("+packing", {"packing": "pack"})] if packing_ok else []
     steps += [("+fused AdamW", {"optimizer_impl": "fused"}), ("+per-layer checkpointing", {"checkpointing": True}),
               ("+8-bit AdamW", {"optimizer": "adamw8bit", "optimizer_impl": None}),
-              ("+chunked loss", {"loss_chunks": max(d for d in range(1, LOSS_CHUNKS + 1) if base.seq_len % d == 0)}),
+              ("+chunked loss", {"loss_chunks": loss_chunks_for(base.seq_len)}),
               ("+compile", {"compile": True})]
     configs, current = {"baseline": (plain, "full")}, plain
     for name, change in steps:

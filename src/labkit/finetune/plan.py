@@ -35,6 +35,17 @@ CATEGORIES = ("weights", "adapters", "gradients", "optimizer_state", "activation
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
+def loss_chunks_for(seq_len: int) -> int:
+    """The chunked loss's slices for rows of ``seq_len``: the most, up to `LOSS_CHUNKS`, that divide it evenly (as
+    `labkit.RunConfig` requires)."""
+    return max(d for d in range(1, LOSS_CHUNKS + 1) if seq_len % d == 0)
+
+
+def round_up(seq_len: int, cap: int, multiple: int = LOSS_CHUNKS) -> int:
+    """``seq_len`` rounded up to a multiple of ``multiple`` (the chunked loss's slices divide it), at most ``cap``."""
+    return min(-(-seq_len // multiple) * multiple, cap)
+
+
 def predicted(shape: DecoderShape, method: str, seq_len: int, batch: int, target: Target, **knobs) -> dict:
     """The peak by category (`CATEGORIES`) and ``total`` of one plan row, in bytes."""
     settings = {"optimizer": "adamw", "checkpointing": False, "loss_chunks": None, **knobs}

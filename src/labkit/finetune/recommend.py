@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..labresult import LabResult
 from ..messages import worded
 from ..units import GIB
-from .plan import LORA, LOSS_CHUNKS, Plan
+from .plan import LORA, Plan, loss_chunks_for
 
 LENGTH = "p99"
 _OPTIM = {"adamw": "adamw_torch", "adamw8bit": "adamw_8bit", "paged_adamw8bit": "paged_adamw_8bit"}
@@ -101,7 +101,8 @@ def recommend_from(plan: Plan, model: str, data: str, loss_on: str | None, batch
                ("precision", precision, f"autocast on {plan.target.label}")]
     config = {"model": model, "dataset": data, "seq_len": int(row["seq_len"]), "batch_size": micro * accum,
               "grad_accum": accum, "precision": precision, "optimizer": optimizer, "lr": lr,
-              "checkpointing": checkpointing, "loss_chunks": LOSS_CHUNKS if chunks else None, "loss_on": loss_on}
+              "checkpointing": checkpointing, "loss_chunks": loss_chunks_for(int(row["seq_len"])) if chunks else None,
+              "loss_on": loss_on}
     lora = bnb = None
     if row["method"] != "full":
         config.update(lora_rank=LORA["lora_rank"], lora_alpha=2 * LORA["lora_rank"], lora_targets="all-linear")

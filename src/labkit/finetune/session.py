@@ -29,7 +29,7 @@ from ..validate import is_int
 from .audit import LEAK_TOLERANCE, Audit, audit_examples, packing_leak
 from .ladder import FinetuneLadder, climb
 from .measure import Measurement, measure_methods, method_config, run_method
-from .plan import METHODS, Plan, largest_batch, make_plan
+from .plan import METHODS, Plan, largest_batch, make_plan, round_up
 from .recommend import Recommendation, recommend_from
 from .target import parse_target
 
@@ -141,11 +141,13 @@ class Finetune:
         return make_plan(self.shape, self.target, lengths, batch, int(sum(kept) / (1 - share)), methods)
 
     def run_config(self, steps: int | None = None) -> RunConfig:
-        """The measured run: rows padded to the longest example (capped at ``seq_len``), a few steps, unscored."""
+        """The measured run: rows padded to the longest example (capped at ``seq_len``; rounded up to a multiple of 8,
+        which the chunked loss's slices divide), a few steps, unscored."""
         prof = profile()
         steps = steps or prof.warmup_steps + train.PROFILING_STEPS + 3
         return RunConfig(model=self.model, dataset=self.data, batch_size=self.batch_size,
-                         seq_len=self.lengths()["max"], packing="pad_max", max_steps=steps, evaluate=False,
+                         seq_len=round_up(self.lengths()["max"], self.seq_len), packing="pad_max", max_steps=steps,
+                         evaluate=False,
                          loss_on=self.loss_on, data_columns=self.data_columns, lr=2e-4)
 
     def measure(self, methods=("full", "lora", "qlora"), refresh: bool = False) -> Measurement:

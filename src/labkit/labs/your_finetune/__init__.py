@@ -9,18 +9,21 @@ from types import SimpleNamespace
 
 from ...downloads import cache_dir
 from ...env import Profile, is_online
+from ...finetune import ladder
 from ...messages import note
 from ...models.own import write_config_dir
 from ...text.tokenizer_dir import write_tokenizer_dir
 
-__all__ = ["HUB_DATA", "HUB_MODEL", "SEQ_LEN", "workload", "write_data"]
+__all__ = ["HUB_DATA", "HUB_MODEL", "RUNGS", "SEQ_LEN", "workload", "write_data"]
 
 HUB_MODEL, HUB_DATA = "Qwen/Qwen2.5-0.5B", "hf:trl-lib/Capybara@train[:1000]"
 SEQ_LEN = 512  # a learner's first choice of seq_len; the seeded fault's prompts are longer than it
 # CPU widths of Qwen2.5-0.5B's architecture (GQA, tied embeddings, q/k/v biases kept), and the data sizes
 SIZES = {"ci": ({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128}, 48),
          "quick": ({"num_hidden_layers": 4, "hidden_size": 128, "intermediate_size": 352}, 160)}
-CI_RUNGS = ("+precision", "+SDPA", "+packing", "+fused AdamW", "LoRA")
+# the ladder's rungs per profile (None: all): compile's first build costs a CPU about a minute
+RUNGS = {"ci": ("+precision", "+SDPA", "+packing", "+fused AdamW", "LoRA"),
+         "quick": tuple(rung for rung in ladder.RUNGS if rung != "+compile")}
 WORDS = "the a model token batch memory step loss data train layer rank answer question".split()
 
 
@@ -64,4 +67,4 @@ def workload(profile: Profile) -> SimpleNamespace:
              f"({shapes['messages']}). Connect and rerun for the hub's.")
         data = shapes["messages"]
     return SimpleNamespace(model=model, data=data, shapes=shapes, gpu="t4", folder=folder,
-                           rungs=CI_RUNGS if profile.name == "ci" else None, train_steps=min(profile.max_steps, 40))
+                           rungs=RUNGS.get(profile.name), train_steps=min(profile.max_steps, 16))
