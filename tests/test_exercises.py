@@ -41,6 +41,7 @@ SOLUTIONS = {
     "09.own_stack": 3.67 * 1.0 * 0.95 * 0.51,    # 1.7781
     "10.logits_gib": 8 * 2048 * 128256 * 4 / 2**30,  # 7.83
     "10.own_pad_share": 4390.0 * (1 - 0.578),  # 1852.6
+    "11.own_padding": 1 - 9660.0 / 13800.0,  # 0.3
 }
 WRONG = {
     "00.throughput": (3.2, "1000x too small, check the units"),    # forgot ms -> s
@@ -69,9 +70,10 @@ WRONG = {
     "09.own_stack": (3.67 - 0.05 - 0.49, "ratios multiply"),  # the savings added up
     "10.logits_gib": (8 * 2048 * 128256 * 2 / 2**30, "upcasts the logits to float32"),  # bf16's 2 bytes
     "10.own_pad_share": (4390.0 * 0.578, "real tokens/s = tokens/s x \\(1 - padding share\\)"),  # the padding's
+    "11.own_padding": (9660.0 / 13800.0, "padding share = 1 - real tokens/s / tokens/s"),  # the real share
 }
 CODE = ["00.timer", "01.amp_step", "02.accumulate", "03.checkpoint", "04.global", "05.param_groups", "06.per_channel",
-        "07.shard", "08.lora_forward", "09.measured_order", "10.accumulate"]
+        "07.shard", "08.lora_forward", "09.measured_order", "10.accumulate", "11.pad_share"]
 
 
 def own(name):
