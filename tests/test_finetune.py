@@ -10,7 +10,7 @@ from own_fixtures import chats, model_dir, prompt_completion, write_jsonl
 
 from labkit import cli
 from labkit.errors import ConfigError
-from labkit.finetune import Finetune, Plan, audit_examples, packing_leak, parse_target, recommend_from
+from labkit.finetune import Finetune, Plan, audit_examples, measure_methods, packing_leak, parse_target, recommend_from
 from labkit.finetune.measure import ERROR_BOUND, UNDER_BOUND
 from labkit.machine import T4_TORCH_BYTES
 from labkit.text import IGNORE_INDEX
@@ -209,3 +209,12 @@ def test_the_recommendation_cites_the_measured_row(folder):
     assert "measured here" not in mine.recommend().frame.iloc[0]["because"]
     mine.measure(methods=("full",))
     assert "measured here at batch 4" in mine.recommend().frame.iloc[0]["because"]
+
+
+def test_bf16_checkpointed_lora_holds_the_stated_error(folder, long_data):
+    # labkit's LoRA under autocast: a float32 base and float32 adapters, whose input's gradient comes back in float32
+    mine = Finetune(model_dir(folder, "meta-llama/Llama-3.2-1B", **WIDE), data=long_data, gpu="t4", seq_len=256,
+                    batch_size=4)
+    cfg = mine.run_config().replace(precision="bf16", checkpointing=True)
+    row = measure_methods(cfg, mine.shape, ("lora",)).frame.iloc[0]
+    assert -UNDER_BOUND <= row["error"] <= ERROR_BOUND, row

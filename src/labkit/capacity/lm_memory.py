@@ -123,7 +123,7 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
                        precision: str = "fp32", optimizer: str = "adamw", lora_rank: int = 16,
                        lora_targets=("q_proj", "v_proj"), checkpointing: bool = False,
                        attn_implementation: str = "sdpa", vocab_size: int | None = None, masked: bool = True,
-                       loss_chunks: int | None = None, half_base: bool = True) -> dict:
+                       loss_chunks: int | None = None, half_base: bool = True, adapter_bytes: int = 4) -> dict:
     """A language model's fine-tuning memory by category and its peak (``total``), in bytes (module docstring).
 
     Args:
@@ -135,6 +135,8 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
         masked: the batch has padding (`layer_activation_bytes`); False for rows of one length (packed, all cut).
         half_base: LoRA's frozen base stored in 16 bits under autocast (PEFT with ``torch_dtype``); False: float32, as
             labkit's LoRA keeps it, with autocast's 16-bit copy of each weight kept for the backward pass.
+        adapter_bytes: the LoRA adapters' bytes per value (4: float32, labkit's; 2: 16-bit): float32 adapters under
+            autocast take their input in float32, and its gradient comes back in float32 through the backward.
         loss_chunks: the output layer and the loss a slice at a time (`labkit.techniques.chunked_loss`): one slice's
             logits alive instead of all of them.
 
@@ -185,6 +187,8 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     # A layer's backward holds, beyond what the layer kept, the MLP's gradients (two of its width) and the hidden
     # state's gradient with its residual copy (fp32); the embeddings' and output layer's gradients come first.
     backward = tokens * (2 * a * shape.intermediate_size + 8 * h)
+    if rank and a == 2 and adapter_bytes == 4 and "down_proj" in targets:  # down_proj's adapter input's float32 grad
+        backward += tokens * 4 * shape.intermediate_size
     head_grads = out["gradients"] - (0 if rank else 4 * count * (sum(shape.layer_linear_params().values()) + 2 * h))
     # The peak is at the start of the backward pass (checkpointed: the loss's backward is over before the first layer
     # is recomputed), in the top layer's backward (every activation still kept) or in the bottom one's (every gradient).

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
+import torch
 
 from ..capacity import lm_training_memory
 from ..config import RunConfig
@@ -64,7 +65,9 @@ def predicted_peak(shape: DecoderShape, cfg: RunConfig, precision: str, method: 
     return lm_training_memory(shape, method, cfg.seq_len, cfg.batch_size // cfg.grad_accum, precision=precision,
                               optimizer=cfg.optimizer, checkpointing=bool(cfg.checkpointing),
                               attn_implementation=cfg.attn_implementation, loss_chunks=cfg.loss_chunks,
-                              half_base=method != "lora", **lora)["total"]  # labkit's LoRA keeps a float32 base
+                              half_base=method != "lora", adapter_bytes=2 if method == "qlora" and
+                              qlora_dtypes(resolve_device(cfg.device))[1] != torch.float32 else 4,
+                              **lora)["total"]  # labkit's LoRA keeps a float32 base and float32 adapters
 
 
 @dataclass
