@@ -87,10 +87,13 @@ def test_the_finding_calls_a_rung_faster_only_when_its_time_per_real_token_lies_
     import pandas as pd
 
     rows = [{"rung": "baseline", "real_tokens_per_s": 100.0, "peak_memory_bytes": 2**20, "error": None,
+             "time_per_real_token_s": 1 / 100.0,
              "time_per_real_token_p10_s": 0.010, "time_per_real_token_p90_s": 0.011},
             {"rung": "+SDPA", "real_tokens_per_s": 200.0, "peak_memory_bytes": 2**20, "error": None,
+             "time_per_real_token_s": 1 / 200.0,
              "time_per_real_token_p10_s": 0.004, "time_per_real_token_p90_s": 0.006},
             {"rung": "+packing", "real_tokens_per_s": 190.0, "peak_memory_bytes": 2**20, "error": None,
+             "time_per_real_token_s": 1 / 190.0,
              "time_per_real_token_p10_s": 0.005, "time_per_real_token_p90_s": 0.0065}]
     text = ladder.Ladder(pd.DataFrame(rows)).finding()
     assert "+SDPA 2x (faster)" in text and "+packing 0.95x (within the noise)" in text

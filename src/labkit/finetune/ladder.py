@@ -70,11 +70,6 @@ def ladder_configs(base: RunConfig, packing_ok: bool, rungs=None) -> dict[str, t
     return configs
 
 
-def _per_real_token(row) -> Measured:
-    real = row["real_tokens_per_s"] * row["step_time_s"]  # the median step's real tokens
-    return Measured.of((row["step_time_s"] / real, row["step_time_p10_s"] / real, row["step_time_p90_s"] / real))
-
-
 @dataclass
 class FinetuneLadder(LabResult):
     """One row per rung: its real tokens/s, peak memory, the change against the rung below (time per real token,
@@ -106,8 +101,13 @@ def climb(base: RunConfig, packing_ok: bool, rungs=None, refresh: bool = False,
         row = {"rung": rung, "method": method, "error": result.error, "published": PUBLISHED.get(rung, ""),
                **{k: getattr(result, k) for k in ("real_tokens_per_s", "peak_memory_bytes", "step_time_s",
                                                   "step_time_p10_s", "step_time_p90_s", "precision_used")}}
+        if result.ok:  # time per real token: the step times over the median step's real tokens
+            real = row["real_tokens_per_s"] * row["step_time_s"]
+            row.update({f"time_per_real_token{k[9:]}": row[k] / real for k in
+                        ("step_time_s", "step_time_p10_s", "step_time_p90_s")})
         if result.ok and below is not None:
-            change = compare(_per_real_token(row), _per_real_token(below), ("faster", "slower"))
+            change = compare(Measured.row(row, "time_per_real_token_s"), Measured.row(below, "time_per_real_token_s"),
+                             ("faster", "slower"))
             row.update(time_change=str(change), real=change.real and change.direction < 0,
                        memory_change=row["peak_memory_bytes"] / below["peak_memory_bytes"])
         if result.ok:

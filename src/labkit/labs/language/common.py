@@ -1,4 +1,4 @@
-"""What notebook 10's sections share: a one-row result, interleaved timing, time per real token."""
+"""What notebook 10's sections share: a one-row result, interleaved timing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pandas as pd
 
 from ... import measure
 from ...labresult import LabResult
-from ...measure import Measured
 
 
 @dataclass
@@ -30,7 +29,3 @@ def interleaved(calls: dict, repeats: int, device, column: str = "step_time_s") 
     return {key: dict(zip((column, f"{stem}_p10_s", f"{stem}_p90_s"), times, strict=True))
             for key, times in measure.in_turns(calls, repeats, device).items()}
 
-
-def per_real_token(row) -> Measured:
-    """Time per real token: 1 / real tokens/s, with the step times' p10-p90 over a step's real tokens."""
-    return Measured(1 / row["real_tokens_per_s"], row["time_per_real_token_p10_s"], row["time_per_real_token_p90_s"])

@@ -11,12 +11,11 @@ from ...display import number
 from ...env import resolve_device
 from ...errors import ConfigError
 from ...labresult import LabResult
-from ...measure import compare
+from ...measure import Measured, compare
 from ...messages import worded
 from ...techniques.precision import resolve_precision
 from ...units import mib
 from ...workloads import lm_speed_config
-from .common import per_real_token
 
 RUNGS = ("baseline", "+precision", "+SDPA", "+packing", "+fused AdamW", "+compile",
          "+checkpointing, chunked loss, 2x batch")
@@ -59,7 +58,8 @@ class Ladder(LabResult):
             if row.get("same_run_as_below", False):
                 parts.append(f"{row['rung']} the same run here ({row['precision_used']})")
                 continue
-            time = compare(per_real_token(row), per_real_token(below), words=("faster", "slower"))
+            time = compare(*(Measured.row(r, "time_per_real_token_s") for r in (row, below)),
+                           words=("faster", "slower"))
             parts.append(f"{row['rung']} {number(row['real_tokens_per_s'] / below['real_tokens_per_s'])}x "
                          f"({time.verdict})")
         text = "Real tokens/s, each rung against the one below: " + "; ".join(parts) + "."
@@ -85,6 +85,7 @@ def speed_ladder(cfg: RunConfig | None = None, precision: str = "auto", loss_chu
     rungs = list(configs.values())
     frame["same_run_as_below"] = [False] + [a == b for a, b in zip(rungs, rungs[1:], strict=False)]
     real_per_step = frame["real_tokens_per_s"] * frame["step_time_s"]  # the median step's real tokens
+    frame["time_per_real_token_s"] = 1 / frame["real_tokens_per_s"]
     frame["time_per_real_token_p10_s"] = frame["step_time_p10_s"] / real_per_step
     frame["time_per_real_token_p90_s"] = frame["step_time_p90_s"] / real_per_step
     return Ladder(frame, results=dict(zip(configs, runs, strict=True)))

@@ -14,13 +14,13 @@ from ...config import RunConfig
 from ...display import number
 from ...errors import ConfigError
 from ...labresult import LabResult
-from ...measure import compare
+from ...measure import Measured, compare
 from ...messages import worded
 from ...results import cached_frame
 from ...runsetup import set_up
 from ...techniques.token_loss import token_loss_sum
 from ...train import fit
-from .common import Record, per_real_token
+from .common import Record
 from .throughput import lm_config
 
 
@@ -36,7 +36,8 @@ class PackingRuns(LabResult):
         for _, row in self.frame.iterrows():
             part = f"{row['packing']} {number(100 * row['pad_fraction'])} % padding"
             if row["packing"] != base["packing"]:
-                c = compare(per_real_token(row), per_real_token(base), words=("faster", "slower"))
+                c = compare(*(Measured.row(r, "time_per_real_token_s") for r in (row, base)),
+                            words=("faster", "slower"))
                 part += f", {number(row['real_tokens_per_s'] / base['real_tokens_per_s'])}x the real tokens/s " \
                         f"({c.verdict})"
             parts.append(part)
@@ -74,6 +75,7 @@ def _packing_frame(cfgs: dict, rounds: int, progress: bool) -> pd.DataFrame:
         rows.append({"packing": packing, "pad_fraction": 1 - pool["real"] / pool["tokens"],
                      "tokens_per_s": pool["tokens"] / total_s, "real_tokens_per_s": pool["real"] / total_s,
                      "step_time_s": median, "step_time_p10_s": p10, "step_time_p90_s": p90,
+                     "time_per_real_token_s": total_s / pool["real"],
                      "time_per_real_token_p10_s": p10 / real_per_step,
                      "time_per_real_token_p90_s": p90 / real_per_step})
     return pd.DataFrame(rows)
