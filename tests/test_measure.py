@@ -10,12 +10,14 @@ from labkit import measure
 
 def test_step_timer_cpu_measures_each_step():
     timer = measure.StepTimer(torch.device("cpu"))
-    for delay in (0.01, 0.02):
+    for delay in (0.01, 0.1):
         timer.start()
         time.sleep(delay)
         timer.stop()
     first, second = timer.times_s()
-    assert 0.009 < first < second and second >= 0.019
+    # a sleep lasts at least its delay, and on a busy machine (CI runs Colab's tests beside the browser's at a lower
+    # priority) up to tens of ms more: each step is timed apart, and the longer one reads longer
+    assert first >= 0.009 and second >= 0.099 and first < second
 
 
 def test_spread_median_and_deciles():
