@@ -95,10 +95,13 @@ def test_a_rank_that_raises_ends_the_job_with_its_name(cfg):
 
 
 @two_cores
-def test_a_rank_that_dies_is_named_within_the_timeout(cfg):
+@pytest.mark.parametrize("model", ["tiny_vit", "tiny_llama"])  # a language model's ranks all-reduce every step
+def test_a_rank_that_dies_is_named_within_the_timeout(cfg, model):
+    job = cfg if model == "tiny_vit" else labkit.RunConfig(model=model, dataset="pydoc_text", batch_size=8, max_steps=6,
+                                                           train_size=64, device="cpu", evaluate=False)
     start = time.perf_counter()
     with pytest.raises(DistributedError, match=r"rank 1 died with exit code 13 without raising an error") as info:
-        launcher.launch(cfg, nproc=2, fail_rank=1, fail_step=2, fail_how="exit", timeout_s=2, progress=False)
+        launcher.launch(job, nproc=2, fail_rank=1, fail_step=2, fail_how="exit", timeout_s=2, progress=False)
     assert info.value.rank == 1 and time.perf_counter() - start < 60
 
 
@@ -158,6 +161,22 @@ def test_a_silent_death_is_named_even_when_the_survivor_reported_first(tmp_path)
     error = launcher.failure(tmp_path, 2, 1, 8.0, log, hung=False)
     assert error.rank == 1 and str(error).startswith("rank 1 died with exit code 13 without raising an error")
     assert "rank 0 then stopped with RuntimeError: Connection closed by peer" in str(error)
+
+
+def test_a_silent_death_is_named_when_torchrun_saw_the_survivor_fail_first(tmp_path):
+    # a language model's ranks all-reduce their token counts at every step's start, so the survivor can fail first
+    record = {"rank": 0, "step": 2, "type": "RuntimeError", "message": "Read error: Connection reset by peer",
+              "time": 1.0}
+    (tmp_path / "error-rank0.json").write_text(json.dumps(record))
+    survivor, dead = ["  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 8)"], \
+        ["  rank      : 1 (local_rank: 1)", "  exitcode  : 13 (pid: 9)"]
+    log = ["Failures:", "[1]:", *survivor, "Root Cause (first observed failure):", "[0]:", *dead]
+    swapped = ["Failures:", "[1]:", *dead, "Root Cause (first observed failure):", "[0]:", *survivor]
+    for lines in (log, swapped):
+        error = launcher.failure(tmp_path, 2, 1, 8.0, lines, hung=False)
+        assert error.rank == 1 and str(error).startswith("rank 1 died with exit code 13 without raising an error")
+    stopped = [line.replace("13 (pid: 9)", "-15 (pid: 9)") for line in swapped]  # ended by torchrun: not the cause
+    assert launcher.failure(tmp_path, 2, 1, 8.0, stopped, hung=False).rank == 0
 
 
 def test_an_nccl_watchdog_timeout_names_the_rank_that_stopped(tmp_path):

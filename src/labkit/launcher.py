@@ -45,6 +45,9 @@ LOG_TAIL_LINES = 30
 _PROGRESS_LINE = re.compile(re.escape(PROGRESS) + r"(\d+) (\d+)(.*)$")
 _SOURCE_PATH = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\]\s*")  # gloo's "[/__w/.../pair.cc:561] "
 _CALLBACK = re.compile(r"Got the following error when running the callback: (?:\w+: )?")  # DDP's wrapper
+# what a surviving rank says when its peer's process is gone (gloo, and NCCL's socket bootstrap)
+_LOST_PEER = re.compile(r"connection reset by peer|connection closed by peer|broken pipe", re.IGNORECASE)
+STOPPED_BY_TORCHRUN = -15  # SIGTERM: the exit code of a rank torchrun ended because another failed
 _NCCL_TIMEOUT = re.compile(r"Rank (\d+)\] Watchdog caught collective operation timeout")
 
 
@@ -112,6 +115,14 @@ def torchrun_command(script: list[str], nproc: int, nnodes: int = 1, node_rank: 
     return command + [f"--nproc_per_node={nproc}", *script]
 
 
+def multi_node_commands(nproc: int = 4, nnodes: int = 2, endpoint: str = "10.0.0.1:29500") -> list[str]:
+    """The command each of ``nnodes`` machines runs for one job, as a learner would type it."""
+    script = ["-m", "labkit.worker", "--config", "run.json", "--out", "out/"]
+    return [" \\\n    ".join(["torchrun", *torchrun_command(script, nproc, nnodes=nnodes, node_rank=rank,
+                                                             rdzv_endpoint=endpoint)[3:-len(script)], shell(script)])
+            for rank in range(nnodes)]
+
+
 def shell(command: list[str]) -> str:
     """A command list as one line to paste into a terminal."""
     return " ".join(shlex.quote(part) for part in command)
@@ -119,13 +130,16 @@ def shell(command: list[str]) -> str:
 
 def check_launch(cfg: RunConfig, nproc, fail_rank=None, fail_step=None, fail_how="raise", backend=None,
                  bucket_cap_mb=distributed.DEFAULT_BUCKET_CAP_MB, timeout_s=distributed.DEFAULT_TIMEOUT_S, port=None,
-                 strategy: str = "ddp") -> tuple[torch.device, str]:
+                 strategy: str = "ddp", token_mean: str = "global") -> tuple[torch.device, str]:
     """The device and backend of a job with `launch`'s arguments, or `ConfigError` naming the first bad one."""
     if not isinstance(cfg, RunConfig):
         raise ConfigError("cfg", cfg, "a labkit.RunConfig")
     if strategy not in distributed.STRATEGIES:
         raise ConfigError("strategy", strategy, f"one of {list(distributed.STRATEGIES)} (ddp: every rank holds the "
                                                 "whole model; fsdp: each holds 1/N of it)")
+    if token_mean not in distributed.TOKEN_MEANS:
+        raise ConfigError("token_mean", token_mean, f"one of {list(distributed.TOKEN_MEANS)} (global: a language "
+                                                    "model's loss over the job's label tokens; rank: each rank's own)")
     device = resolve_device(cfg.device)
     most = max_processes(device.type)
     where = f"{most} GPU(s)" if device.type == "cuda" else f"{most} CPU core(s)"
@@ -251,23 +265,24 @@ def launch(cfg: RunConfig, nproc: int = 2, fail_rank: int | None = None, fail_st
            fail_how: str = "raise", backend: str | None = None,
            bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB, timeout_s: float = distributed.DEFAULT_TIMEOUT_S,
            port: int | None = None, limit_s: float | None = None, strategy: str = "ddp", refresh: bool = False,
-           progress: bool = True) -> RunResult:
+           progress: bool = True, token_mean: str = "global") -> RunResult:
     """Run ``fit(cfg)`` data parallel over ``nproc`` processes with torchrun; the job's `RunResult` (cached).
 
     ``cfg.batch_size`` is the global batch; rank ``fail_rank`` fails on purpose after step ``fail_step`` (``raise``,
     ``exit`` at once like a crash, or ``hang``); ``timeout_s`` is the process group's timeout; ``limit_s`` stops the
     whole job (None: the timeout, start-up and 20 minutes); ``strategy`` ``ddp`` or ``fsdp`` (FSDP2's
-    ``fully_shard``: 1/N per rank).
+    ``fully_shard``: 1/N per rank); ``token_mean`` ``global`` (a language model's loss over the job's label tokens)
+    or ``rank`` (each rank's own mean: the uneven-token pitfall, to show it).
     """
     device, backend = check_launch(cfg, nproc, fail_rank, fail_step, fail_how, backend, bucket_cap_mb, timeout_s,
-                                   port, strategy)
+                                   port, strategy, token_mean)
     if limit_s is not None and (not is_number(limit_s) or not limit_s > 0):
         raise ConfigError("limit_s", limit_s, "None (no limit beyond the timeout) or a number of seconds > 0")
     threads = threads_per_rank(device.type, nproc)
     failing = fail_rank is not None
     env = env_report(cfg.device)
     key = (f"{results.cache_key(cfg, env)}-launch-{strategy}-n{nproc}-{backend}-b{bucket_cap_mb:g}-t{threads}-"
-           f"timeout{timeout_s:g}")
+           f"timeout{timeout_s:g}" + ("" if token_mean == "global" else f"-mean-{token_mean}"))
     path = results.results_dir() / f"{key}.json"
     failed_path = results.results_dir() / f"{key}-fail-r{fail_rank}-s{fail_step}-{fail_how}.json"
     cached = None if refresh else _read_cached(failed_path if failing else path,
@@ -284,7 +299,8 @@ def launch(cfg: RunConfig, nproc: int = 2, fail_rank: int | None = None, fail_st
     out = Path(tempfile.mkdtemp(prefix="labkit-launch-"))
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     script = [*WORKER, "--config", str(out / "config.json"), "--out", str(out), "--backend", backend,
-              "--timeout-s", f"{timeout_s:g}", "--bucket-cap-mb", f"{bucket_cap_mb:g}", "--strategy", strategy]
+              "--timeout-s", f"{timeout_s:g}", "--bucket-cap-mb", f"{bucket_cap_mb:g}", "--strategy", strategy,
+              "--token-mean", token_mean]
     if failing:
         script += ["--fail-rank", str(fail_rank), "--fail-step", str(fail_step), "--fail-how", fail_how]
     command = torchrun_command(script, nproc, port=port, python=sys.executable)
@@ -357,6 +373,12 @@ def torchrun_root_rank(log: list[str]) -> tuple[int | None, int | None]:
     return (int(rank.group(1)) if rank else None), (int(code.group(1)) if code else None)
 
 
+def torchrun_failures(log: list[str]) -> dict[int, int]:
+    """Every failed rank's exit code in torchrun's summary (the root cause and the others)."""
+    found = re.findall(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", "\n".join(log))
+    return {int(rank): int(code) for rank, code in found}
+
+
 def failure(out: Path, nproc: int, code: int | None, elapsed_s: float, log: list[str], hung: bool) -> DistributedError:
     """The `DistributedError` of a failed job, naming the rank that failed first: the one that raised (its
     ``error-rank<R>.json``), the one that died without a word (torchrun's summary), or the one the others waited
@@ -381,7 +403,12 @@ def failure(out: Path, nproc: int, code: int | None, elapsed_s: float, log: list
         return error(f"rank {', '.join(map(str, silent))} stopped taking part: rank {', '.join(map(str, watchdog))} "
                      f"waited for it in a collective until the process group's timeout, and NCCL's watchdog ended "
                      f"it. {ended}", silent[0])
-    if rank is not None and rank not in {r["rank"] for r in records}:  # the first to fail said nothing: it died
+    recorded = {r["rank"] for r in records}
+    lost_peer = any(_LOST_PEER.search(r["message"]) for r in records)
+    if (rank is None or rank in recorded) and lost_peer:  # torchrun saw a survivor first, whose peer had gone
+        silent = {r: c for r, c in torchrun_failures(log).items() if r not in recorded and c != STOPPED_BY_TORCHRUN}
+        rank, rank_code = min(silent.items()) if silent else (rank, rank_code)
+    if rank is not None and rank not in recorded:  # the first to fail said nothing: it died
         return error("; ".join([f"rank {rank} died with exit code {rank_code} without raising an error (a crash, "
                                 f"os._exit or the out-of-memory killer); torchrun stopped the other ranks. {ended}",
                                 *then(records)]), rank)

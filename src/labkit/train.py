@@ -9,6 +9,7 @@ Instruments never run inside a timed step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -78,6 +79,13 @@ def _data_report(split) -> dict | None:
     return None if report is None else report.to_dict()
 
 
+def _check_group_options(strategy: str, token_mean: str) -> None:
+    if strategy not in distributed.STRATEGIES:
+        raise ConfigError("strategy", strategy, f"one of {list(distributed.STRATEGIES)}")
+    if token_mean not in distributed.TOKEN_MEANS:
+        raise ConfigError("token_mean", token_mean, f"one of {list(distributed.TOKEN_MEANS)}")
+
+
 @dataclass
 class _Measures:
     """What a run's instruments collect over its steps."""
@@ -99,22 +107,23 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, model: torch.nn.Module | None = None,
                  bucket_cap_mb: float = distributed.DEFAULT_BUCKET_CAP_MB, strategy: str = "ddp", data=None,
-                 tokenizer=None):
+                 tokenizer=None, token_mean: str = "global"):
         """Args: cfg: the run. model: train this model instead of building ``cfg.model`` (e.g. a pruned copy,
         for a recovery fine-tune); it must be the architecture ``cfg.model`` names, on any device. data, tokenizer:
         a learner's own records (``dataset="given"``) and their model's tokenizer (see `fit`).
         bucket_cap_mb: DistributedDataParallel's gradient bucket size, in a process group (see below).
         strategy: in a process group, ``ddp`` (every rank holds the whole model) or ``fsdp`` (FSDP2's
             ``fully_shard`` on every block: each rank holds 1/N of the weights, gradients and optimizer state).
+        token_mean: a language model's loss in a process group: the ``global`` batch's token mean, or each
+            ``rank``'s own (the pitfall; see `loss_divisor`).
 
         Inside a process group (a torchrun worker, `labkit.worker`) the run is data parallel:
         ``cfg.batch_size`` is the global batch, each of the N ranks takes batch_size / N of it from a
         ``DistributedSampler``, the model is wrapped in DDP, and losses, FLOPs and accuracy are combined
         over the ranks; ``result.distributed`` holds each rank's figures.
         """
-        if strategy not in distributed.STRATEGIES:
-            raise ConfigError("strategy", strategy, f"one of {list(distributed.STRATEGIES)}")
-        self.cfg, self.strategy, self.profile = cfg, strategy, profile()
+        _check_group_options(strategy, token_mean)
+        self.cfg, self.strategy, self.token_mean, self.profile = cfg, strategy, token_mean, profile()
         self.kind = kind_for(cfg, data, tokenizer)
         self.world_size = distributed.world_size()
         self.kind.check_world(cfg, self.world_size, distributed.active())
@@ -133,6 +142,8 @@ class Trainer:
         self.optimizer_steps = 0  # steps taken so far; drives the learning-rate warm-up
         self.skipped_steps = 0  # steps the GradScaler skipped (fp16: inf/NaN gradients), the scale halved
         self.loader = self.kind.loader(self.train_split, self.rank_batch, cfg, self.sampler, self.device)
+        if self.sampler is not None:  # the loader's own: packed rows get a sampler over the rows they make
+            self.sampler = self.loader.sampler.sampler
 
     def _place(self) -> None:
         """The device (one GPU per process in a group), TF32, the environment report and the precision."""
@@ -195,12 +206,8 @@ class Trainer:
         """DDP around the model (or FSDP2 shards), this rank's sampler, a counter of the gradient all-reduces."""
         self.sampler = distributed.sampler(len(self.train_split), seed=self.cfg.seed)
         if self.strategy == "fsdp":
-            # Each stage that is a child module of its own (a ResNet's stem is four children, not one) is a
-            # shard unit; the root's fully_shard takes the rest.
-            children = list(self.model.children())
-            blocks = [stage for _, stage in models.named_stages(self.model)[:-1]
-                      if any(stage is child for child in children)]
-            self.model = distributed.shard(self.model, blocks)
+            distributed.check_shardable(self.model)
+            self.model = distributed.shard(self.model, self.kind.shard_units(self.model))
             return
         model, warning = distributed.sync_batchnorm(self.model, self.device)
         if self.world_size > 1:
@@ -231,7 +238,7 @@ class Trainer:
         batch: Batch = self.kind.batch(batch, labels)
         # counted where the loader made the batch (the host), before it moves: a count read back from the GPU would
         # make every timed step wait for the GPU to finish the steps queued before it
-        total = max(batch.loss_count(), 1)
+        total = self.loss_divisor(batch.loss_count())
         micro_batches = self.kind.to_device(batch, self.train_split, cfg, device).split(cfg.grad_accum)
         step_loss = torch.zeros((), device=device)
         for index, micro in enumerate(micro_batches):
@@ -245,6 +252,14 @@ class Trainer:
                 self.scaler.scale(loss).backward()
             step_loss += loss.detach().float()
         return step_loss
+
+    def loss_divisor(self, count: int) -> int | torch.Tensor:
+        """What each micro-batch's summed loss divides by: the step's count (at least 1); in a process group of a
+        language model, the job's label tokens over the ranks (`labkit.techniques.distributed.loss_divisor`), so
+        that the averaged gradients are the global batch's token mean whatever each rank holds."""
+        if self.world_size > 1 and self.kind.uneven_counts and self.token_mean == "global":
+            return distributed.loss_divisor(count, self.device)
+        return max(count, 1)
 
     def update(self) -> None:
         """The optimizer step on the accumulated gradients (warm-up, clipping, scaler), then zero them."""
@@ -301,7 +316,9 @@ class Trainer:
         m.flops = self._count_flops(record) + self.kind.extra_flops(self.model, self.kind.batch(item), self.device)
 
     def memory(self, record: Callable[[], None], item, m: _Measures) -> None:
-        m.breakdown = measure.track_step_memory(record, self.model, self.optimizer, self.device)
+        tracked = measure.track_step_memory(record, self.model, self.optimizer, self.device)
+        m.breakdown = measure.with_untracked(tracked, "gradients", distributed.bucket_bytes(self.model),
+                                             "DDP's gradient buckets")
         measure.reset_peak(self.device)  # CUDA peak statistics cover the timed steps only
 
     def timed(self, record: Callable[[], None], item, m: _Measures) -> None:
@@ -380,21 +397,32 @@ class Trainer:
         if self.compiled:  # the first step's time above a typical step's: what compiling cost
             result.compile_time_s = max(0.0, m.first_step.times_s()[0] - result.step_time_s)
         result.planned_steps = planned if planned != steps else None
-        if m.counts.tokens and result.timed_steps:  # token batches: pad shares vary from batch to batch
-            total_s = sum(result.step_times_s)
-            result.tokens_per_s, result.real_tokens_per_s = m.counts.tokens / total_s, m.counts.real_tokens / total_s
-            result.pad_fraction = m.counts.pad_fraction
         if distributed.active():
-            result.distributed = self._rank_figures(result, m.reduces_before, len(m.timer.times_s()))
+            result.distributed = self._rank_figures(result, m, len(m.timer.times_s()))
+        # the job's tokens (every rank's) over this rank's timed time: the ranks step together
+        counts = sum((text.TokenCounts(**r["counts"]) for r in result.distributed["ranks"]), text.TokenCounts()) \
+            if distributed.active() else m.counts
+        if counts.tokens and result.timed_steps:  # token batches: pad shares vary from batch to batch
+            total_s = sum(result.step_times_s)
+            result.tokens_per_s, result.real_tokens_per_s = counts.tokens / total_s, counts.real_tokens / total_s
+            result.pad_fraction = counts.pad_fraction
         return result
 
-    def _rank_figures(self, result: RunResult, reduces_before: tuple[int, int] | None, timed_steps: int) -> dict:
-        """The job's figures and each rank's own, gathered on every rank. All-reduces and their bytes are counted
-        over the timed steps only: DDP's first steps use other buckets (it rebuilds them after the first one)."""
-        counter, unwrapped = self.allreduce_counter, models.unwrap(self.model)
+    def _rank_figures(self, result: RunResult, m: _Measures, timed_steps: int) -> dict:
+        """The job's figures and each rank's own, gathered on every rank: its tokens over the timed steps and their
+        rate, its memory by category at its peak (FSDP2's shards are a rank's 1/N), its parameter, gradient and
+        optimizer-state bytes. All-reduces and their bytes are counted over the timed steps only: DDP's first steps
+        use other buckets (it rebuilds them after the first one)."""
+        counter, unwrapped, reduces_before = self.allreduce_counter, models.unwrap(self.model), m.reduces_before
         timed = counter is not None and reduces_before is not None
+        timed_s = sum(result.step_times_s)
         mine = {"rank": distributed.rank(), "step_time_s": result.step_time_s, "train_time_s": result.train_time_s,
-                "peak_memory_bytes": result.peak_memory_bytes,
+                "peak_memory_bytes": result.peak_memory_bytes, "memory": dict(result.memory or {}),
+                "memory_at_peak": dict(result.memory_at_peak or {}), "counts": dataclasses.asdict(m.counts),
+                "tokens_per_s": m.counts.tokens / timed_s if m.counts.tokens and timed_s else None,
+                "real_tokens_per_s": m.counts.real_tokens / timed_s if m.counts.tokens and timed_s else None,
+                "gradient_bytes": sum(distributed.local_numel(p) * p.element_size() for p in self.model.parameters()
+                                      if p.requires_grad),
                 "weights_sha256": distributed.weights_sha256(unwrapped),
                 "allreduces_per_step": (counter.calls - reduces_before[0]) / timed_steps if timed else None,
                 **{f"{part}_sha256": distributed.weights_sha256(unwrapped, part) for part in ("parameters", "buffers")},
@@ -404,7 +432,9 @@ class Trainer:
                                              for state in self.optimizer.state.values() for t in state.values()
                                              if torch.is_tensor(t) and t.dim() > 0)}
         ranks = distributed.all_gather(mine)
-        return {"world_size": self.world_size, "backend": torch.distributed.get_backend(), "strategy": self.strategy,
+        sample = distributed.weights_sample(unwrapped)  # a collective under FSDP2: on every rank
+        return {"world_size": self.world_size, "weights_sample": sample, "backend": torch.distributed.get_backend(),
+                "strategy": self.strategy,
                 "weights_sha256": [r["weights_sha256"] for r in ranks], "ranks": ranks,
                 "bucket_cap_mb": self.model.bucket_bytes_cap / 2**20 if hasattr(self.model, "bucket_bytes_cap")
                 else None,

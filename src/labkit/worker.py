@@ -50,6 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=distributed.DEFAULT_TIMEOUT_S)
     parser.add_argument("--bucket-cap-mb", type=float, default=distributed.DEFAULT_BUCKET_CAP_MB)
     parser.add_argument("--strategy", default="ddp", choices=distributed.STRATEGIES)
+    parser.add_argument("--token-mean", default="global", choices=distributed.TOKEN_MEANS)
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--fail-step", type=int, default=None)
     parser.add_argument("--fail-how", default="raise", choices=("raise", "exit", "hang"))
@@ -85,12 +86,12 @@ def communication_share(trainer: Trainer) -> dict:
     backward pass, and their time includes waiting for the slowest rank, so the share is an upper bound
     of what communication adds to a step.
     """
-    images, labels = next(iter(trainer.loader))
+    item = next(iter(trainer.loader))
     cuda = trainer.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=activities) as prof:
         start = time.perf_counter()
-        trainer.step(images, labels)
+        trainer.step(item)
         if cuda:
             torch.cuda.synchronize(trainer.device)
         step_s = time.perf_counter() - start
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
         if rank == 0:
             _say(f"{ctx.world_size} processes on {ctx.backend}; each trains on {cfg.batch_size // ctx.world_size} "
                  f"of every {cfg.batch_size} samples")
-        trainer = Trainer(cfg, bucket_cap_mb=args.bucket_cap_mb, strategy=args.strategy)
+        trainer = Trainer(cfg, bucket_cap_mb=args.bucket_cap_mb, strategy=args.strategy, token_mean=args.token_mean)
         result = trainer.run(on_step=on_step, progress=False)
         result.distributed["timeout_s"] = args.timeout_s
         shares = distributed.all_gather(communication_share(trainer))  # after the result's weights were taken

@@ -30,9 +30,13 @@ class Kind(Protocol):
     """A model family and its data: how a run of it is set up, stepped and reported."""
 
     name: str
+    uneven_counts: bool  # whether ranks' batches hold different loss counts (label tokens), to be summed over them
 
     def check_world(self, cfg: RunConfig, world_size: int, in_group: bool) -> None:
         """Raise `ConfigError` when ``cfg`` cannot run in this process group."""
+
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The blocks FSDP2 shards one by one (all-gathered just before each one's forward and backward)."""
 
     def split_sizes(self, cfg: RunConfig, prof: Profile) -> tuple[int, int, int]:
         """The run's train, val and test sizes (``cfg.train_size`` or the profile's, as the data allows)."""

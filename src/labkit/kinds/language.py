@@ -119,11 +119,19 @@ class LanguageKind:
     """A causal language model from `labkit.models.language_models()` on a dataset from `labkit.text.available()`."""
 
     name = "language"
+    uneven_counts = True  # ranks' rows hold different numbers of label tokens: the loss divides by the job's sum
 
     def check_world(self, cfg: RunConfig, world_size: int, in_group: bool) -> None:
-        if world_size > 1 or in_group:
-            raise ConfigError("model", cfg.model, f"a vision model ({models.available()}) in a process group",
-                              "language models train in one process until issue 28's next slice")
+        if (world_size > 1 or in_group) and cfg.loss_chunks is not None:
+            raise ConfigError("loss_chunks", cfg.loss_chunks, "None in a process group (DDP or FSDP2)",
+                              "The chunked loss calls the decoder's body and its output layer apart, outside the "
+                              "wrapped model's forward, where DDP prepares its gradient all-reduce and FSDP2 "
+                              "gathers the output layer's weights")
+
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """Each decoder layer; the root's fully_shard takes the embeddings, the final norm and the output layer
+        (tied to the embeddings or not, one unit)."""
+        return list(models.decoder_layers(models.unwrap(model)))
 
     def __init__(self, data=None, tokenizer=None):
         """Args: data: records passed to fit (``dataset="given"``). tokenizer: the tokenizer of a model passed to fit

@@ -50,9 +50,16 @@ class VisionKind:
     """A classifier from `labkit.models.available()` on an image dataset from `labkit.data.available()`."""
 
     name = "vision"
+    uneven_counts = False  # every rank's share of a batch holds batch_size / N samples
 
     def check_world(self, cfg: RunConfig, world_size: int, in_group: bool) -> None:
         return None
+
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """Each stage that is a child module of its own (a ResNet's stem is four children, not one); the root's
+        fully_shard takes the rest."""
+        children = list(model.children())
+        return [stage for _, stage in models.named_stages(model)[:-1] if any(stage is child for child in children)]
 
     def split_sizes(self, cfg: RunConfig, prof: Profile) -> tuple[int, int, int]:
         if is_image_folder(cfg.dataset):  # a learner's own folder: all of it

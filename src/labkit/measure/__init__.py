@@ -19,6 +19,7 @@ from .memory import (
     reserved_now,
     tensor_bytes,
     track_step_memory,
+    with_untracked,
 )
 from .timing import (
     Latency,
@@ -41,4 +42,4 @@ __all__ = ["VERDICTS", "Comparison", "Latency", "Measured", "MemoryBreakdown", "
            "allocated_now", "count_flops", "count_parameters", "in_turns", "cuda_peak_memory", "inference_peak_bytes",
            "measure_latency", "model_size_bytes", "new_micro_batch", "optimizer_state_bytes", "peak_flops",
            "ratio_band", "reserved_now", "reset_memory", "reset_peak", "separated", "spread", "synchronize",
-           "tensor_bytes", "timing_pitfalls", "track_step_memory", "warm_up_libraries"]
+           "tensor_bytes", "timing_pitfalls", "track_step_memory", "warm_up_libraries", "with_untracked"]

@@ -77,6 +77,17 @@ class MemoryBreakdown:
     note: str | None = None
 
 
+def with_untracked(breakdown: MemoryBreakdown, category: str, size: int, what: str) -> MemoryBreakdown:
+    """``breakdown`` with ``size`` bytes that lived through the whole step but that the tracker cannot see (allocated
+    before it started, outside the model and optimizer it registers) added to ``category``, and said in its note."""
+    if not size or breakdown.total_peak_bytes is None:
+        return breakdown
+    add = lambda parts: {**parts, category: parts.get(category, 0) + size}  # noqa: E731
+    note = f"{what} ({size} bytes) added: allocated before the step, unseen by the tracker"
+    return MemoryBreakdown(add(breakdown.peak_by_category), add(breakdown.at_peak), breakdown.total_peak_bytes + size,
+                           "; ".join(n for n in (breakdown.note, note) if n))
+
+
 def _memory_tracker_class():
     from torch.distributed._tools.mem_tracker import MemTracker
 

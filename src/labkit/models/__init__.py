@@ -38,6 +38,7 @@ from .checkpoints import (
 from .hub import HUB_MODELS, DecoderShape, HubModel, build_hub_model, hub_config, hub_models, hub_tokenizer
 from .language import (
     LANGUAGE_MODELS,
+    decoder_layers,
     is_language_model,
     language_models,
     max_positions,
@@ -48,6 +49,7 @@ from .language import (
 __all__ = ["own", "own_vision",
            "Attention", "CHECKPOINT_DIR_ENV", "MANIFEST_NAME", "PatchEmbed", "SHIPPED_CHECKPOINTS", "SmallCNN",
            "TinyViT", "TokenMean", "TransformerBlock", "WeightsInfo", "available", "block_names", "build",
+           "decoder_layers",
            "build_for_split",
            "build_language_model", "LANGUAGE_MODELS", "is_language_model", "language_models", "max_positions",
            "output_layer_tied", "uncounted_attention_flops", "HUB_MODELS", "DecoderShape", "HubModel",

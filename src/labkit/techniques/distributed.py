@@ -11,6 +11,15 @@ What each process of a `torchrun` job does, in order:
    call ``set_epoch`` at each epoch, or every epoch repeats the first one's order.
 4. Only rank 0 prints and writes (`is_main`); metrics computed per rank are combined with
    `all_reduce_sum` / `all_reduce_mean`.
+5. `loss_divisor`: a language model's ranks hold different numbers of label tokens, so each rank divides its
+   SUMMED token loss by the job's count over N (an all-reduce of the counts), and DDP's average of the gradients
+   is then the global batch's token mean, as one process computes it::
+
+       count = torch.full((), float(label_tokens), device=device)
+       dist.all_reduce(count)                                  # the job's label tokens
+       (token_loss_sum(logits, labels) / (count / dist.get_world_size())).backward()
+
+   Each rank dividing by its OWN count (``token_mean="rank"``) weights a token of a rank with few of them more.
 
 `labkit.train.Trainer` applies all of this when it runs inside a process group, so `labkit.fit` runs
 unchanged under torchrun; `labkit.launcher` starts torchrun on `labkit.worker`.
@@ -125,7 +134,38 @@ def wrap(model: nn.Module, device: torch.device, bucket_cap_mb: float = DEFAULT_
     return nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket_cap_mb)
 
 
+def bucket_bytes(model: nn.Module) -> int:
+    """The bytes of DDP's gradient buckets: a second copy of every trainable gradient, which the all-reduce sends
+    (``gradient_as_bucket_view=True`` would make the gradients views into them instead); 0 for another model."""
+    if not isinstance(model, nn.parallel.DistributedDataParallel) or model.gradient_as_bucket_view:
+        return 0
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 STRATEGIES = ("ddp", "fsdp")
+TOKEN_MEANS = ("global", "rank")  # a language model's loss over the job's label tokens, or each rank's own
+
+
+def loss_divisor(count: int, device: torch.device) -> torch.Tensor:
+    """What a rank divides its summed loss by so that the ranks' averaged gradients are the global batch's mean:
+    the job's ``count`` (summed over the ranks) over world_size, at least 1/world_size.
+
+    ``torch.full`` fills on the device without a host-to-device copy, so a timed step does not wait for the GPU.
+    """
+    total = all_reduce_sum(torch.full((), float(count), device=device))
+    return total.clamp_min(1.0) / world_size()
+
+
+def check_shardable(model: nn.Module) -> None:
+    """`UnsupportedError` for a model FSDP2 cannot shard: bitsandbytes' 4-bit weights (QLoRA)."""
+    quantized = next((name for name, p in model.named_parameters() if type(p).__name__ == "Params4bit"), None)
+    if quantized is not None:
+        raise UnsupportedError("strategy", "fsdp", f"{quantized} is a bitsandbytes 4-bit weight (QLoRA): FSDP2 "
+                               "turns every parameter into a plain DTensor shard, which a uint8 Params4bit cannot be "
+                               "(only floating tensors take gradients), and even with a float quant_storage the "
+                               "gathered weight comes back without its quantization state (accelerate #3983, "
+                               "axolotl #2992)", "strategy='ddp' (each rank holds the whole "
+                               "4-bit base), or LoRA on a 16-bit base under FSDP2")
 
 
 def shard(model: nn.Module, blocks: list[nn.Module]) -> nn.Module:
@@ -229,6 +269,30 @@ def weights_sha256(model: nn.Module, part: str = "all") -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+SAMPLED_VALUES = 64  # per parameter tensor, in `weights_sample`
+
+
+def weights_sample(model: nn.Module, per_tensor: int = SAMPLED_VALUES) -> dict[str, list[float]]:
+    """``per_tensor`` values of every parameter at an even stride, as floats: two runs' weights compared
+    within a float tolerance (`weights_difference`) without saving them. A collective under FSDP2 (each sharded
+    weight is gathered whole): call it on every rank."""
+    sample = {}
+    for name, tensor in model.named_parameters():
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        flat = tensor.detach().float().cpu().reshape(-1)
+        step = max(1, flat.numel() // per_tensor)
+        sample[name] = flat[::step][:per_tensor].tolist()
+    return sample
+
+
+def weights_difference(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
+    """The largest absolute difference between two `weights_sample` s of the same model."""
+    if a.keys() != b.keys():
+        raise ValueError(f"different parameters: {sorted(a.keys() ^ b.keys())[:4]}")
+    return max((abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True)), default=0.0)
 
 
 class AllReduceCounter:

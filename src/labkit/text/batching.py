@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
 
 from ..choices import PACKINGS, check_choice
 from ..errors import ConfigError
@@ -231,7 +232,8 @@ def make_token_loader(data, batch_size: int, packing: str = "pad", seq_len: int 
         shuffle: a seeded random order of rows, new on each pass; ``pack`` packs once, in an order seeded by ``seed``.
         seed: seeds the order.
         drop_last: drop a last, smaller batch.
-        sampler: row indices to use instead, ignoring ``shuffle`` (a ``DistributedSampler``: call ``set_epoch``).
+        sampler: row indices to use instead, ignoring ``shuffle`` (a ``DistributedSampler``: call ``set_epoch`` on
+            ``loader.sampler.sampler``, which is a new one over the packed rows with ``pack``).
 
     Example:
         >>> loader = make_token_loader(splits["train"], batch_size=16, packing="pack", seq_len=64)
@@ -250,6 +252,9 @@ def make_token_loader(data, batch_size: int, packing: str = "pad", seq_len: int 
     else:
         rows = [[i] for i in range(len(data))]
     dataset = _Rows(data, rows)
+    if isinstance(sampler, DistributedSampler) and len(sampler.dataset) != len(dataset):  # packed: fewer rows
+        sampler = DistributedSampler(range(len(dataset)), num_replicas=sampler.num_replicas, rank=sampler.rank,
+                                     shuffle=sampler.shuffle, seed=sampler.seed, drop_last=sampler.drop_last)
     if sampler is None:
         sampler = (RandomSampler(dataset, generator=torch.Generator().manual_seed(seed)) if shuffle
                    else SequentialSampler(dataset))
