@@ -12,12 +12,12 @@
 #    notebook;
 # 3. scaling: efficiency T1 / (N x TN), all-reduce time, gradient buckets, `no_sync` under accumulation;
 # 4. what ends a job when a rank dies or hangs;
-# 5. FSDP2's `fully_shard` for a model too big to copy.
+# 5. FSDP2's `fully_shard` for a model too big to copy;
+# 6. a language model on two processes (Kaggle's 2 x T4), and the token-count trap.
 #
-# **What you need:** notebooks 00 and 02. A CPU is fine: jobs run as CPU processes over gloo, enough for the
-# mechanism, the equal training and the faults. On a CPU the processes share the cores, so the timings in sections
-# 4 and 6 show little but noise; on two or more GPUs the same cells use one GPU per process over NCCL, and section
-# 1 measures DataParallel. With one GPU (Colab) the jobs run as CPU processes.
+# **What you need:** notebooks 00 and 02. A CPU is fine: jobs run as CPU processes over gloo (their timings show
+# little but noise). On two or more GPUs the same cells use one GPU per process over NCCL; with one GPU (Colab)
+# the jobs run as CPU processes.
 
 # %%
 import torch
@@ -41,8 +41,7 @@ labkit.env_report()
 # `torch.nn.DataParallel(model)` is one line and one process. Every step it copies the model from GPU 0 to every
 # GPU, runs the copies in Python threads and gathers the outputs on GPU 0, which works more and holds more memory
 # than the others. DDP runs **one process per GPU**: each keeps its copy for the whole run, and the processes only
-# exchange gradients, overlapped with the backward pass. Forum threads quote figures like "8 h with DataParallel,
-# 1.5 h with DDP on 4 x V100" without a citable measurement; PyTorch's documentation recommends DDP even on one
+# exchange gradients, overlapped with the backward pass. PyTorch's documentation recommends DDP even on one
 # machine. With two or more GPUs the next cell measures both; elsewhere it says why not:
 
 # %%
@@ -125,9 +124,8 @@ assert len(set(mine["weights_sha256"])) == 1 and len(set(engine.distributed["wei
 assert engine.distributed["world_size"] == 2 and engine.distributed["backend"] == "gloo"
 
 # %% [markdown]
-# **Why a script, not a notebook function?** Each rank is a fresh process and cannot import a function defined
-# only in the kernel; forking the kernel breaks once it has touched CUDA. labkit's `launch` starts torchrun on an
-# importable module (`labkit.worker`) and streams rank 0's output into the cell.
+# **Why a script?** Each rank is a fresh process that cannot import a function defined only in the kernel, and
+# forking the kernel breaks once it has touched CUDA: `launch` starts torchrun on the module `labkit.worker`.
 #
 # ## 3. Two processes train what one does
 # Inside a process group, `labkit.train.Trainer` wraps the model in DDP and takes each rank's batches from a
@@ -150,10 +148,8 @@ accuracies = [labkit.measure.Measured.accuracy(r.accuracy, P.test_size) for r in
 assert labkit.measure.compare(*accuracies).real is False  # both measured, apart by no more than the test noise
 
 # %% [markdown]
-# The gap on the right is rounding: the all-reduce adds the ranks' gradients in another order (on GPUs,
-# non-deterministic kernels add a little drift). **BatchNorm** would widen it: each rank normalises by its own
-# statistics (labkit uses `SyncBatchNorm` on GPUs). Keeping the per-rank batch instead multiplies the global batch
-# by N, needing notebook 02's scaled learning rate.
+# The gap on the right is rounding: the all-reduce adds the ranks' gradients in another order. **BatchNorm**
+# would widen it: each rank normalises by its own statistics (labkit uses `SyncBatchNorm` on GPUs).
 #
 # ## 4. Scaling
 # With N processes each rank computes B/N samples per step, plus the all-reduce. **Speed-up** is the
@@ -181,13 +177,11 @@ last = scale.iloc[-1]
 assert abs(last.efficiency - scale.step_time_s.iloc[0] / (last.world_size * last.step_time_s)) < 1e-9
 
 # %% [markdown]
-# The finding names one of four outcomes, calling a change real only where the step times' p10-p90 spreads do not
-# overlap. On GPUs each process brings its own device: **near-linear**, or **a real gain, less than linear**,
-# limited by the all-reduce, the slowest rank and the optimizer step every rank runs in full. On a CPU the
-# processes bring **no new hardware**: the session's threads (every core unless `OMP_NUM_THREADS` says fewer) are
-# shared out, `threads_per_rank` each. Where one process already used every core there is often **no gain**, or
-# the job is **slower**; where the session had fewer threads than cores (CI sets one), each extra process takes an
-# idle core: a gain. `launch_time_s` is every job's fixed price: torchrun, imports, joining the group.
+# The finding calls a change real only where the step times' p10-p90 spreads do not overlap. On GPUs each process
+# brings its own device: a gain, limited by the all-reduce, the slowest rank and the optimizer step every rank
+# runs in full. CPU processes bring **no new hardware**: they share the session's threads (`threads_per_rank`
+# each), so often **no gain**, unless the session left cores idle (CI sets one thread). `launch_time_s` is every
+# job's fixed price: torchrun, imports, joining the group.
 #
 # **Where the time goes.** `comm_share` is the all-reduces' time in one profiled step; since DDP overlaps them
 # with the backward pass, it bounds what they add. DDP groups the gradients into **buckets** of `bucket_cap_mb`
@@ -199,8 +193,8 @@ buckets = lab.bucket_sweep(cfg, sizes=(0.25, 25))
 buckets
 
 # %% [markdown]
-# A single all-reduce at 25 MB means the gradients ("allreduced per step") fit in one bucket, which starts only
-# when the backward pass is over. A ResNet-18's 45 MB of gradients make two buckets; a large model makes dozens.
+# A single all-reduce at 25 MB means the gradients fit in one bucket, sent only when the backward pass is over; a
+# large model makes dozens.
 #
 # **Gradient accumulation under DDP.** Each `backward()` would all-reduce, although only the last
 # micro-batch's sum is needed; `model.no_sync()` skips it on the others
@@ -255,8 +249,7 @@ stuck
 assert stuck.error.rank == 1 and "stopped taking part" in str(stuck.error) and stuck.elapsed_s < 60
 
 # %% [markdown]
-# The timeout's error comes from the rank that waited (rank 0); labkit names the rank that reported nothing.
-# In your own jobs, look for the rank whose log stops earliest.
+# labkit names the rank that reported nothing; in your own jobs, look for the log that stops earliest.
 #
 # ## 6. When a copy per GPU no longer fits: FSDP
 # DDP keeps the whole model, gradients and optimizer state on every GPU: with AdamW, 16 bytes per parameter
@@ -293,7 +286,55 @@ assert batchnorm or max(abs(a - b) for a, b in zip(ddp_row.losses[:10], fsdp_row
 display.table(labkit.results.published("07_distributed-*"))
 
 # %% [markdown]
-# ## 7. Your turn: the panel
+# ## 7. A language model on two processes
+# Kaggle's GPU is two T4s. A language model runs under DDP and FSDP2 (which shards each decoder layer) with one
+# trap: its loss is a mean over **label tokens**, and ranks hold different numbers of them. If each rank divides by
+# its own count, a token on the rank with fewer weighs more: notebook 10's accumulation bug, across GPUs. labkit
+# all-reduces the counts first (`distributed.loss_divisor`):
+#
+# ```python
+# count = torch.full((), float(label_tokens), device=device)
+# dist.all_reduce(count)                                       # the job's label tokens
+# loss = token_loss_sum(logits, labels) / (count / world_size)  # DDP averages: the global token mean
+# ```
+#
+# **Predict first:** 2 ranks x 4 rows against 1 process x 8 rows, the same batches: how far apart will the
+# weights end (largest difference: 0 identical, 1e-6 rounding, 1e-2 another training)?
+
+# %%
+guess_gap = None  # YOUR GUESS: largest weight difference, DDP against one process, e.g. 1e-6
+
+# %%
+lm_cfg = lab.language_workload(P)  # a random tiny_llama here; SmolLM2-135M on 2 GPUs at full
+lm = lab.language_jobs(lm_cfg, nproc=2)  # 1 process; DDP, FSDP2 and DDP with each rank's own mean on 2
+print(guesses.versus(guess_gap, lm.row("DDP").weight_gap, "largest weight difference, DDP / 1 process"))
+lm
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: DDP and FSDP2 train the one-process weights; each rank's own mean does not, on ranks of uneven tokens
+ddp_gap, fsdp_gap, own_gap = (lm.row(job).weight_gap for job in ("DDP", "FSDP2", "DDP, each rank's own mean"))
+assert max(ddp_gap, fsdp_gap) < (1e-4 if lm_cfg.device == "cpu" else 1e-2) and own_gap > 10 * max(ddp_gap, fsdp_gap)
+assert len(set(lm.ranks.label_tokens)) > 1  # the ranks held different numbers of label tokens
+
+# %% [markdown]
+# Per rank, DDP holds the whole model, gradients and AdamW state; FSDP2 half of each. Activations are not sharded:
+# a rank with longer rows holds more and steps slower, and each step waits for the slowest:
+
+# %%
+display.table(lm.ranks, ["job", "rank", "label_tokens", "tokens_per_s", "parameter_bytes", "optimizer_state_bytes",
+                         "peak_memory_bytes"])
+
+# %%
+rank_memory = {f"{job} rank {r['rank']}": r for job in ("DDP", "FSDP2") for r in lm.jobs[job].distributed["ranks"]}
+plots.memory_breakdown(rank_memory);
+
+# %% jupyter={"source_hidden": true} tags=["check"]
+# check: FSDP2 holds half the parameter and optimizer-state bytes of DDP on each rank
+per_rank = lm.ranks.groupby("job")[["parameter_bytes", "optimizer_state_bytes"]].max()
+assert (per_rank.loc["FSDP2"] < 0.6 * per_rank.loc["DDP"]).all()
+
+# %% [markdown]
+# ## 8. Your turn: the panel
 # Choose processes, bucket size, accumulation steps and steps, and press **Run**; each job adds bars for its
 # throughput and all-reduces per step. Each starts torchrun afresh: expect start-up seconds on top.
 
@@ -318,8 +359,7 @@ panel
 # | accuracy differs from one GPU | per-rank BatchNorm; per-rank batch kept | `SyncBatchNorm`; global batch |
 # | logs repeat N times, checkpoints overwrite | every rank writes | only rank 0 writes |
 # | NCCL hangs on Kaggle's 2 x T4 | no peer-to-peer path | `NCCL_P2P_DISABLE=1` (`launch` sets it) |
-# | no speed-up on a CPU | processes share the cores | DDP pays across devices |
-# | SIGABRT after a rank finished | gloo's threads at Python's shutdown | `destroy_process_group()`; `os._exit(0)` |
+# | an LM's loss differs from one GPU's | each rank divides by its own tokens | all-reduce the token count |
 
 # %% [markdown]
 # ## Going further
@@ -327,16 +367,14 @@ panel
 #   runs the command with the number of machines, a `--rdzv_endpoint` all can reach and its own `--node_rank`:
 
 # %%
-for rank, command in enumerate(lab.multi_node_commands(nproc=4, nnodes=2, endpoint="10.0.0.1:29500")):
+for rank, command in enumerate(launcher.multi_node_commands(nproc=4, nnodes=2, endpoint="10.0.0.1:29500")):
     print(f"# on machine {rank} (its --node_rank):\n{command}\n")
 
 # %% [markdown]
 # - **ZeRO** (DeepSpeed) shards the optimizer state, then gradients, then parameters: FSDP is stage 3;
 #   `torch.distributed.optim.ZeroRedundancyOptimizer` is stage 1 for DDP.
-# - **Communication hooks** compress gradients before the all-reduce (`fp16_compress_hook`, PowerSGD).
 # - **Tensor and pipeline parallelism** split one layer or the layer stack over GPUs
 #   (`torch.distributed.tensor.parallel`, `torch.distributed.pipelining`).
-# - **Elastic training**: `torchrun --nnodes=1:4 --max-restarts=3` restarts a failed job from its checkpoint.
 # - **`accelerate`** wraps the same torchrun machinery; its `notebook_launcher` forks, so no cell may touch
 #   CUDA before it runs.
 
@@ -350,6 +388,7 @@ for rank, command in enumerate(lab.multi_node_commands(nproc=4, nnodes=2, endpoi
 #   last micro-batch's all-reduce.
 # - A dead rank ends the job through torchrun; a stuck one only through the process-group timeout: set one.
 # - Beyond one GPU's memory: FSDP.
+# - A language model divides its summed loss by the job's label tokens, all-reduced, never by each rank's own.
 
 # %% [markdown]
 # ## Further reading

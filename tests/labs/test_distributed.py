@@ -12,8 +12,8 @@ from labkit.labs import distributed as lab
 from labkit.labs.distributed.beyond import Sharding
 from labkit.labs.distributed.data_parallel import DataParallelComparison, data_parallel_fit
 from labkit.labs.distributed.equivalence import Equivalence
-from labkit.labs.distributed.jobs import jobs_frame
 from labkit.labs.distributed.scaling import Scaling
+from labkit.ranks import jobs_frame
 from labkit.techniques import distributed
 
 pytestmark = pytest.mark.skipif(launcher.cpu_cores() < 2, reason="two CPU processes need two cores")
@@ -111,7 +111,7 @@ def test_data_parallel_runs_here_and_the_comparison_needs_two_gpus(cfg):
 
 
 def test_commands_and_sizing():
-    commands = lab.multi_node_commands(nproc=4, nnodes=2, endpoint="h:1")
+    commands = launcher.multi_node_commands(nproc=4, nnodes=2, endpoint="h:1")
     assert len(commands) == 2 and "--node_rank=1" in commands[1] and "--rdzv_endpoint=h:1" in commands[0]
     assert all(len(line) <= 100 for command in commands for line in command.splitlines())
     sizing = lab.fsdp_sizing(num_params=1e9, gpu_bytes=16e9)

@@ -1,4 +1,4 @@
-"""Notebook 07, section 6: several machines, and FSDP2 where a copy per GPU no longer fits."""
+"""Notebook 07, section 6: FSDP2 where a copy per GPU no longer fits."""
 
 from __future__ import annotations
 
@@ -9,20 +9,13 @@ import pandas as pd
 from ...capacity import training_memory
 from ...config import RunConfig
 from ...labresult import LabResult
-from ...launcher import launch, shell, torchrun_command
+from ...launcher import launch
 from ...messages import worded
+from ...ranks import jobs_frame, loss_gap
 from ...techniques import distributed
-from .jobs import jobs_frame, loss_gap, step_times
+from .jobs import step_times
 
 FSDP_WORLD_SIZES = (2, 4, 8, 16)
-
-
-def multi_node_commands(nproc: int = 4, nnodes: int = 2, endpoint: str = "10.0.0.1:29500") -> list[str]:
-    """The command each of ``nnodes`` machines runs for one job, as a learner would type it."""
-    script = ["-m", "labkit.worker", "--config", "run.json", "--out", "out/"]
-    return [" \\\n    ".join(["torchrun", *torchrun_command(script, nproc, nnodes=nnodes, node_rank=rank,
-                                                             rdzv_endpoint=endpoint)[3:-len(script)], shell(script)])
-            for rank in range(nnodes)]
 
 
 @dataclass

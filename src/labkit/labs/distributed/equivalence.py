@@ -10,8 +10,8 @@ from ...config import RunConfig
 from ...labresult import LabResult
 from ...launcher import launch
 from ...messages import worded
+from ...ranks import jobs_frame
 from ...result import RunResult
-from .jobs import jobs_frame
 
 EARLY_STEPS = 10  # before GPU non-determinism has grown
 

@@ -1,4 +1,4 @@
-"""Notebook 07, section 7: the panel's run and its time estimate."""
+"""Notebook 07, section 8: the panel's run and its time estimate."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from ... import display
 from ...config import RunConfig
 from ...launcher import last_job, launch, planned_steps
+from ...ranks import job_row
 from ...techniques import distributed
-from .jobs import job_row
 
 
 @dataclass

@@ -12,8 +12,9 @@ from ...env import resolve_device
 from ...labresult import LabResult
 from ...launcher import launch, max_processes
 from ...messages import worded
+from ...ranks import jobs_frame, loss_gap
 from ...techniques import distributed
-from .jobs import jobs_frame, loss_gap, step_times
+from .jobs import step_times
 
 NEAR_LINEAR = 0.85  # the efficiency from which the notebook calls scaling near-linear
 
