@@ -25,7 +25,7 @@ def test_the_estimate_is_within_its_stated_error_of_the_measured_peak(model, att
                            train_size=32, max_steps=4, device="cpu")
     measured = labkit.fit(cfg, progress=False).peak_memory_bytes
     estimate = lm_training_memory(model, seq_len=128, micro_batch=4, attn_implementation=attn,
-                                  checkpointing=checkpointing, vocab_size=2048)["total"]
+                                  checkpointing=checkpointing, vocab_size=2048, foreach=False)["total"]  # a CPU's AdamW
     assert abs(estimate / measured - 1) < TOLERANCE, (estimate, measured)
 
 

@@ -218,3 +218,25 @@ def test_bf16_checkpointed_lora_holds_the_stated_error(folder, long_data):
     cfg = mine.run_config().replace(precision="bf16", checkpointing=True)
     row = measure_methods(cfg, mine.shape, ("lora",)).frame.iloc[0]
     assert -UNDER_BOUND <= row["error"] <= ERROR_BOUND, row
+
+
+def test_the_two_gpu_plan_is_checked_on_two_processes(tmp_path, long_data):
+    # seq_len 512 cuts no example, so every rank's batch has padding, as the formula assumes (masked=True): a rank
+    # whose rows were all cut to seq_len would hold no padding mask and measure less
+    mine = Finetune(model_dir(tmp_path, **WIDE), data=long_data, gpu="kaggle-2xt4", seq_len=512, batch_size=2)
+    plan = mine.plan()
+    rows = plan.frame
+    assert set(zip(rows["method"], rows["strategy"], strict=True)) == {
+        ("full", "DDP"), ("full", "FSDP2"), ("LoRA", "DDP"), ("LoRA", "FSDP2"), ("QLoRA", "DDP")}
+    by = rows.groupby(["method", "strategy"]).first()
+    assert by.loc[("full", "FSDP2"), "total_bytes"] < by.loc[("full", "DDP"), "total_bytes"]
+    assert by.loc[("LoRA", "FSDP2"), "communication_bytes"] > 5 * by.loc[("LoRA", "DDP"), "communication_bytes"]
+    assert "FSDP2 cannot shard 4-bit weights" in plan.finding() and "strategy" in plan.show_columns()
+    measured = mine.measure_ranks().frame
+    assert list(zip(measured["method"], measured["strategy"], strict=True)) == [
+        ("full", "DDP"), ("full", "FSDP2"), ("LoRA", "DDP"), ("LoRA", "FSDP2")]
+    assert (measured["error"].abs() <= ERROR_BOUND).all() and (measured["error"] >= -UNDER_BOUND).all(), measured.T
+    ddp = measured[measured["strategy"] == "DDP"]
+    assert (ddp["sent_bytes"] == ddp["planned_sent_bytes"]).all()  # DDP's all-reduce: exactly the plan's bytes
+    fsdp, whole = measured.iloc[1], measured.iloc[0]
+    assert fsdp["peak_memory_bytes"] < whole["peak_memory_bytes"]

@@ -123,7 +123,8 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
                        precision: str = "fp32", optimizer: str = "adamw", lora_rank: int = 16,
                        lora_targets=("q_proj", "v_proj"), checkpointing: bool = False,
                        attn_implementation: str = "sdpa", vocab_size: int | None = None, masked: bool = True,
-                       loss_chunks: int | None = None, half_base: bool = True, adapter_bytes: int = 4) -> dict:
+                       loss_chunks: int | None = None, half_base: bool = True, adapter_bytes: int = 4,
+                       shards: int = 1, foreach: bool = True) -> dict:
     """A language model's fine-tuning memory by category and its peak (``total``), in bytes (module docstring).
 
     Args:
@@ -139,6 +140,13 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
             autocast take their input in float32, and its gradient comes back in float32 through the backward.
         loss_chunks: the output layer and the loss a slice at a time (`labkit.techniques.chunked_loss`): one slice's
             logits alive instead of all of them.
+        foreach: AdamW's step runs over every tensor at once (torch's default on a GPU), with a temporary the size
+            of all trainable weights; False (a CPU's default): one tensor at a time, a few temporaries of the largest.
+        shards: one rank of FSDP2 over this many (labkit's units: each decoder layer, then the root). A rank keeps
+            1/N of the stored weights, the gradients and the optimizer state, plus what is gathered whole: the
+            root (embeddings, final norm, output layer) from its forward to the end of the backward (FSDP2 does not
+            reshard the root after its forward), two layers at once (the backward gathers the next ahead), and a
+            layer's gradient until it is reduce-scattered, the root's until the backward ends.
 
     Example:
         >>> lm_training_memory("qwen2.5_1.5b", "qlora", seq_len=512, precision="fp16")["total"] / 2**30
@@ -149,7 +157,8 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     if precision not in _HALF:
         raise ConfigError("precision", precision, f"one of {list(_HALF)} (bf16/fp16: autocast)")
     check_choice("attn_implementation", attn_implementation, ATTN_IMPLEMENTATIONS)
-    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("loss_chunks", loss_chunks or 1)):
+    for name, value in (("seq_len", seq_len), ("micro_batch", micro_batch), ("loss_chunks", loss_chunks or 1),
+                        ("shards", shards)):
         if not is_int(value) or value < 1:
             raise ConfigError(name, value, "a positive integer")
     a, n = _HALF[precision], shape.num_parameters()
@@ -161,16 +170,22 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
         state = training_memory(n, "fp32", optimizer)
         # autocast's half copy of every weight, kept for the backward pass; checkpointed, the forward keeps none and
         # the backward recasts one layer at a time (and the output layer)
-        weights = state["weights"] + (2 * (one_layer + output if checkpointing else n) if a == 2 else 0)
+        stored, copies = state["weights"], (2 * (one_layer + output if checkpointing else n) if a == 2 else 0)
     else:
         adapters = lora_parameters(shape, rank, targets)
         state = training_memory(adapters, "fp32", optimizer)
         base = 2 if a == 2 and (half_base or method == "qlora") else 4
         linear = shape.num_hidden_layers * sum(shape.layer_linear_params().values())
-        weights = state["weights"] + (NF4_BYTES if method == "qlora" else base) * linear + base * (n - linear)
+        stored = state["weights"] + (NF4_BYTES if method == "qlora" else base) * linear + base * (n - linear)
         # autocast's copies of the float32 base's weights, kept for the backward (checkpointed: one layer's)
         # (and the output layer's, which no checkpoint covers)
-        weights += 2 * ((one_layer if checkpointing else linear) + output) if a == 2 and base == 4 else 0
+        copies = 2 * ((one_layer if checkpointing else linear) + output) if a == 2 and base == 4 else 0
+    h = shape.hidden_size
+    # FSDP2: the rank's shard of everything stored, the root gathered whole through the step, and a layer's weights
+    # while it runs (a layer's backward gathers the next one's ahead)
+    root = stored / n * (output * (1 if shape.tie_word_embeddings else 2) + h) if shards > 1 else 0
+    gathered_layer = stored / n * (one_layer + 2 * h) if shards > 1 else 0
+    weights = stored / shards + root + copies
     layer = layer_activation_bytes(shape, precision, attn_implementation, seq_len, rank, targets, masked)
     tokens, h, count = seq_len * micro_batch, shape.hidden_size, shape.num_hidden_layers
     kept = tokens * 4 * h * count if checkpointing else 0  # each layer's input
@@ -180,7 +195,7 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     # the final RMSNorm's fp32 input, and with a trained output layer its normalized value and the layer's input
     final_norm = tokens * h * (4 if rank else 8 + a)
     mask = tokens * seq_len if masked and attn_implementation == "sdpa" else 0  # the boolean padding mask, L x L a row
-    out = {"weights": weights, "gradients": state["gradients"], "optimizer_state": state["optimizer_state"],
+    out = {"weights": weights, "gradients": state["gradients"], "optimizer_state": state["optimizer_state"] / shards,
            "activations": kept + layers + final_norm + mask,
            "logits": tokens * shape.vocab_size * 12 / (loss_chunks or 1)}
     out = {k: int(round(v)) for k, v in out.items()}
@@ -194,9 +209,15 @@ def lm_training_memory(model: str | DecoderShape, method: str = "full", seq_len:
     # is recomputed), in the top layer's backward (every activation still kept) or in the bottom one's (every gradient).
     start = kept + mask + (max(out["logits"] + final_norm, layers) if checkpointing else
                            layers + final_norm + out["logits"])
-    top = head_grads + kept + mask + layers + backward
+    top = head_grads + kept + mask + layers + backward + 2 * gathered_layer
     # the bottom layer's own gradients are made in its backward, the MLP's first
-    bottom = out["gradients"] - (out["gradients"] - head_grads) / count + mask + backward + tokens * (
-        layer + (4 * h if checkpointing else 0))
-    out["total"] = out["weights"] + out["optimizer_state"] + int(max(start, top, bottom))
+    # (FSDP2: the layers' gradients below the top are shards by then; the root's still whole)
+    bottom = head_grads + (out["gradients"] - head_grads) * (count - 1) / count / shards + mask + backward + tokens * (
+        layer + (4 * h if checkpointing else 0)) + gathered_layer
+    out["gradients"] = int(round(out["gradients"] / shards))  # what a rank keeps between steps
+    # the optimizer step: every gradient, and AdamW's temporaries (its sqrt of the second moment, then the update)
+    largest = 4 * (output if method == "full" else max(rank * max(h, shape.intermediate_size), 1))
+    temporaries = (out["gradients"] if foreach else 3 * largest / shards) if optimizer == "adamw" else 0
+    step = out["gradients"] + temporaries
+    out["total"] = out["weights"] + out["optimizer_state"] + int(max(start, top, bottom, step))
     return out

@@ -16,7 +16,9 @@ import torch
 from ..capacity import lm_training_memory
 from ..config import RunConfig
 from ..env import resolve_device
+from ..errors import ConfigError
 from ..labresult import LabResult
+from ..launcher import launch
 from ..measure import Measured, compare
 from ..messages import worded
 from ..models.hub import DecoderShape
@@ -25,7 +27,7 @@ from ..results import cached_fit
 from ..runsetup import build_model, set_up
 from ..train import fit
 from ..units import mib
-from .plan import LORA, METHOD_NAMES
+from .plan import LORA, METHOD_NAMES, STRATEGIES, communication_bytes
 from .qlora import nf4_lora, qlora_dtypes, qlora_optimizer
 
 ERROR_BOUND = 0.10  # the stated accuracy: predicted within 10 % of measured (never more than 5 % under)
@@ -59,15 +61,20 @@ def run_method(cfg: RunConfig, method: str, refresh: bool = False, progress: boo
     return result
 
 
-def predicted_peak(shape: DecoderShape, cfg: RunConfig, precision: str, method: str) -> int:
-    """The formula's peak for ``cfg`` as it ran (rows of ``cfg.seq_len`` tokens, padded)."""
+def predicted_peak(shape: DecoderShape, cfg: RunConfig, precision: str, method: str, ranks: int = 1,
+                   strategy: str | None = None) -> int:
+    """The formula's peak for ``cfg`` as it ran (rows of ``cfg.seq_len`` tokens, padded); per rank of ``ranks``
+    under ``strategy`` (DDP: plus its gradient buckets; FSDP2: ``shards``)."""
     lora = LORA if method != "full" else {}
-    return lm_training_memory(shape, method, cfg.seq_len, cfg.batch_size // cfg.grad_accum, precision=precision,
-                              optimizer=cfg.optimizer, checkpointing=bool(cfg.checkpointing),
-                              attn_implementation=cfg.attn_implementation, loss_chunks=cfg.loss_chunks,
-                              half_base=method != "lora", adapter_bytes=2 if method == "qlora" and
-                              qlora_dtypes(resolve_device(cfg.device))[1] != torch.float32 else 4,
-                              **lora)["total"]  # labkit's LoRA keeps a float32 base and float32 adapters
+    parts = lm_training_memory(shape, method, cfg.seq_len, cfg.batch_size // (cfg.grad_accum * ranks),
+                               precision=precision, shards=ranks if strategy == "fsdp" else 1,
+                               foreach=resolve_device(cfg.device).type == "cuda",
+                               optimizer=cfg.optimizer, checkpointing=bool(cfg.checkpointing),
+                               attn_implementation=cfg.attn_implementation, loss_chunks=cfg.loss_chunks,
+                               half_base=method != "lora", adapter_bytes=2 if method == "qlora" and
+                               qlora_dtypes(resolve_device(cfg.device))[1] != torch.float32 else 4,
+                               **lora)  # labkit's LoRA keeps a float32 base and float32 adapters
+    return parts["total"] + (parts["gradients"] if strategy == "ddp" else 0)
 
 
 @dataclass
@@ -123,3 +130,45 @@ def measure_methods(base: RunConfig, shape: DecoderShape, methods=("full", "lora
                        **{f"measured_{k}_bytes": v for k, v in result.memory_at_peak.items()})
         rows.append(row)
     return Measurement(pd.DataFrame(rows))
+
+
+@dataclass
+class RankMeasurement(LabResult):
+    """One row per method and strategy on N processes: each rank's predicted and measured peak (the larger rank's),
+    the error, the bytes a rank sent per step against the plan's, the communication share, tokens/s."""
+
+    shown = ("method", "strategy", "predicted_bytes", "peak_memory_bytes", "error", "sent_bytes", "comm_share")
+
+    @worded
+    def finding(self) -> str:
+        rows = self.frame
+        held = ((rows["error"].abs() <= ERROR_BOUND) & (rows["error"] >= -UNDER_BOUND)).all()
+        parts = [f"{r.method} under {r.strategy}: predicted {mib(r.predicted_bytes)} a rank, measured "
+                 f"{mib(r.peak_memory_bytes)} ({r.error:+.1%})" for r in rows.itertuples()]
+        sent = rows.dropna(subset=["sent_bytes"])
+        sends = "; ".join(f"{r.method} under DDP sent {mib(r.sent_bytes)} a step, the plan says "
+                          f"{mib(r.planned_sent_bytes)}" for r in sent.itertuples())
+        verdict = "every prediction within its stated error" if held else "OUTSIDE the stated error"
+        return "; ".join(parts) + f": {verdict}." + (f" {sends}." if sends else "")
+
+
+def measure_ranks(base: RunConfig, shape: DecoderShape, methods=("full", "lora"), nproc: int = 2,
+                  refresh: bool = False, progress: bool = False) -> RankMeasurement:
+    """``base`` as each method on ``nproc`` processes (`labkit.launcher.launch`), under DDP and FSDP2: each rank's
+    peak against `predicted_peak`'s per rank, and DDP's bytes all-reduced per step against the plan's."""
+    rows = []
+    for method in methods:
+        if method not in ("full", "lora"):
+            raise ConfigError("method", method, "'full' or 'lora' (QLoRA's 4-bit base is built in one process)")
+        cfg = method_config(base, method)
+        for name, strategy in STRATEGIES.items():
+            job = launch(cfg, nproc=nproc, strategy=strategy, refresh=refresh, progress=progress)
+            peak = max(r["peak_memory_bytes"] for r in job.distributed["ranks"])
+            guess = predicted_peak(shape, cfg, job.precision_used, method, nproc, strategy)
+            rows.append(dict(method=METHOD_NAMES[method], strategy=name, predicted_bytes=guess,
+                             peak_memory_bytes=peak, error=guess / peak - 1,
+                             sent_bytes=job.distributed.get("allreduce_bytes_per_step"),
+                             planned_sent_bytes=communication_bytes(shape, method, strategy, nproc),
+                             comm_share=job.distributed["communication"]["share"], tokens_per_s=job.tokens_per_s,
+                             step_time_s=job.step_time_s))
+    return RankMeasurement(pd.DataFrame(rows))

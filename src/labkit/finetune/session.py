@@ -28,7 +28,7 @@ from ..text.records import is_data_file, is_hf_dataset
 from ..validate import is_int
 from .audit import LEAK_TOLERANCE, Audit, audit_examples, packing_leak
 from .ladder import FinetuneLadder, climb
-from .measure import Measurement, measure_methods, method_config, run_method
+from .measure import Measurement, RankMeasurement, measure_methods, measure_ranks, method_config, run_method
 from .plan import METHODS, Plan, largest_batch, make_plan, round_up
 from .recommend import Recommendation, recommend_from
 from .target import parse_target
@@ -155,6 +155,13 @@ class Finetune:
         `recommend` cites it)."""
         self.measured = measure_methods(self.run_config(), self.shape, methods, refresh=refresh)
         return self.measured
+
+    def measure_ranks(self, methods=("full", "lora"), refresh: bool = False) -> RankMeasurement:
+        """The plan's rows on several GPUs, checked here: each method under DDP and FSDP2 on as many processes as the
+        target has GPUs (CPU processes over gloo here, with the global batch the target's GPUs would share)."""
+        gpus = max(self.target.gpus, 2)
+        cfg = self.run_config()
+        return measure_ranks(cfg.replace(batch_size=cfg.batch_size * gpus), self.shape, methods, gpus, refresh)
 
     def largest_batch(self, method: str = "lora", margin: float = MARGIN) -> Measurement:
         """The largest batch that fits the target's memory less ``margin``, measured: the plan's largest batch (rows

@@ -56,7 +56,7 @@ def parse_target(spec: str | int | Target | None = None) -> Target:
     if name == "t4":
         return Target("a T4 (Colab; 14.56 GiB as torch sees it)", machine.T4_TORCH_BYTES, 1, "Tesla T4", "fp16")
     if name in ("kaggle-2xt4", "2xt4"):
-        return Target("each of Kaggle's two T4s (DDP: a whole copy per GPU)", machine.T4_TORCH_BYTES, 2, "Tesla T4",
+        return Target("Kaggle's two T4s (14.56 GiB each as torch sees it)", machine.T4_TORCH_BYTES, 2, "Tesla T4",
                       "fp16")
     if name == "this":
         budget = machine.gpu_budget_bytes()

@@ -11,7 +11,7 @@ from ... import results, train
 from ...capacity.lm_fits import Fits, gpu_fits
 from ...capacity.lm_memory import lm_training_memory
 from ...config import RunConfig
-from ...env import profile
+from ...env import profile, resolve_device
 from ...labresult import LabResult
 from ...messages import worded
 from ...models.language import LANGUAGE_MODELS
@@ -39,6 +39,7 @@ def _estimate(run: RunConfig, vocab_size: int) -> int:
     return lm_training_memory(run.model, method, seq_len=run.seq_len, micro_batch=run.batch_size // run.grad_accum,
                               precision="fp32", lora_rank=run.lora_rank or 8, lora_targets=targets,
                               checkpointing=bool(run.checkpointing), attn_implementation=run.attn_implementation,
+                              foreach=resolve_device(run.device).type == "cuda",
                               vocab_size=vocab_size if run.model in LANGUAGE_MODELS else None)["total"]
 
 
