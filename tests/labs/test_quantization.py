@@ -120,7 +120,9 @@ def test_a_speed_up_is_real_only_beyond_the_measured_timing_noise(table):
     assert speedup(1.06, 1.0, 0.05).real and not speedup(1.04, 1.0, 0.05).real  # real beyond 1 + noise
     assert speedup(1.5, 1.0, float("nan")).real is None  # no noise measured: no verdict
     noise = table.groupby("model").cpu_noise.nunique()
-    assert (noise == 1).all() and table.cpu_noise.between(0, 1).all()  # one timing noise per model, measured
+    # one timing noise per model, measured: a relative difference, over 1 where a busy machine (CI's cores shared with
+    # another worker's torchrun ranks) timed the reference 2.5x slower once (seen on 2026-12-05)
+    assert (noise == 1).all() and all(0 <= n < math.inf for n in table.cpu_noise)
 
 
 def test_the_tables_and_charts_show_what_was_measured(table):
