@@ -127,7 +127,7 @@ def test_notebook_07s_language_jobs_read_the_jobs_rank_by_rank(cfg, jobs):
     assert ddp.efficiency == pytest.approx(jobs["ddp"].tokens_per_s / (2 * jobs["one"].tokens_per_s))
     ranks = result.ranks
     assert list(ranks.job.unique()) == ["DDP", "FSDP2", "DDP, each rank's own mean"]
-    assert list(ranks["rank"][:2]) == [0, 1]
+    assert list(ranks["process_rank"][:2]) == [0, 1]
     assert (ranks.activations_at_peak_bytes > 0).all()
     finding = " ".join(str(result.finding()).split())
     assert f"DDP's ended {ddp.weight_gap:.1e}" in finding and "x further" in finding and "FSDP2 peaked at" in finding

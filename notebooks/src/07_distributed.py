@@ -287,8 +287,8 @@ display.table(labkit.results.published("07_distributed-*"))
 
 # %% [markdown]
 # ## 7. A language model on two processes
-# Kaggle's GPU is two T4s. A language model runs under DDP and FSDP2 (which shards each decoder layer) with one
-# trap: its loss is a mean over **label tokens**, and ranks hold different numbers of them. If each rank divides by
+# Kaggle's GPU is two T4s. A language model runs under DDP and FSDP2 (a shard unit per decoder layer) with one
+# trap: its loss is a mean over **label tokens**, and ranks hold different numbers. If each rank divides by
 # its own count, a token on the rank with fewer weighs more: notebook 10's accumulation bug, across GPUs. labkit
 # all-reduces the counts first (`distributed.loss_divisor`):
 #
@@ -317,11 +317,11 @@ assert max(ddp_gap, fsdp_gap) < (1e-4 if lm_cfg.device == "cpu" else 1e-2) and o
 assert len(set(lm.ranks.label_tokens)) > 1  # the ranks held different numbers of label tokens
 
 # %% [markdown]
-# Per rank, DDP holds the whole model, gradients and AdamW state; FSDP2 half of each. Activations are not sharded:
-# a rank with longer rows holds more and steps slower, and each step waits for the slowest:
+# Per rank, DDP holds the whole model, gradients and AdamW state, plus its buckets (a second copy of the gradients);
+# FSDP2 half of each. Activations are not sharded, and each rank's follow its own rows, so ranks peak differently:
 
 # %%
-display.table(lm.ranks, ["job", "rank", "label_tokens", "tokens_per_s", "parameter_bytes", "optimizer_state_bytes",
+display.table(lm.ranks, ["job", "process_rank", "label_tokens", "tokens_per_s", "parameter_bytes", "optimizer_state_bytes",
                          "peak_memory_bytes"])
 
 # %%
@@ -335,8 +335,8 @@ assert (per_rank.loc["FSDP2"] < 0.6 * per_rank.loc["DDP"]).all()
 
 # %% [markdown]
 # ## 8. Your turn: the panel
-# Choose processes, bucket size, accumulation steps and steps, and press **Run**; each job adds bars for its
-# throughput and all-reduces per step. Each starts torchrun afresh: expect start-up seconds on top.
+# Choose processes, bucket size, accumulation and steps, and press **Run**: each job adds bars for its throughput
+# and all-reduces per step, after torchrun's start-up.
 
 # %%
 panel = ExperimentPanel(

@@ -95,6 +95,13 @@ METRICS: dict[str, Metric] = {
     "efficiency": _m("scaling efficiency T1 / (N x TN)", "%", 100.0),
     "comm_share": _m("all-reduce share of a step", "%", 100.0),
     "allreduces_per_step": _m("gradient all-reduces per step", "buckets"),
+    "process_rank": _m("rank (process)"),
+    "label_tokens": _m("label tokens (timed steps)"),
+    "label_tokens_per_rank": _m("label tokens, rank by rank"),
+    "weight_gap": _m("largest weight difference from 1 process"),
+    "sent_bytes": _m("sent a step", BYTES),
+    "planned_sent_bytes": _m("the plan's bytes sent a step", BYTES),
+    "communication_bytes": _m("sent a step (predicted)", BYTES),
     # LoRA (notebook 08)
     "lora_rank": _m("LoRA rank"),
     "rank": _m("LoRA rank"),

@@ -53,7 +53,7 @@ def rank_rows(job: RunResult, name: str) -> list[dict]:
     rows = []
     for rank in info["ranks"]:
         memory = rank.get("memory_at_peak") or {}
-        rows.append(dict(job=name, strategy=info.get("strategy", "ddp"), rank=rank["rank"],
+        rows.append(dict(job=name, strategy=info.get("strategy", "ddp"), process_rank=rank["rank"],
                          label_tokens=(rank.get("counts") or {}).get("label_tokens"),
                          tokens_per_s=rank.get("tokens_per_s"), real_tokens_per_s=rank.get("real_tokens_per_s"),
                          parameter_bytes=rank.get("parameter_bytes"), gradient_bytes=rank.get("gradient_bytes"),
