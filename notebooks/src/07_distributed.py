@@ -321,8 +321,8 @@ assert len(set(lm.ranks.label_tokens)) > 1  # the ranks held different numbers o
 # FSDP2 half of each. Activations are not sharded, and each rank's follow its own rows, so ranks peak differently:
 
 # %%
-display.table(lm.ranks, ["job", "process_rank", "label_tokens", "tokens_per_s", "parameter_bytes", "optimizer_state_bytes",
-                         "peak_memory_bytes"])
+display.table(lm.ranks, ["job", "process_rank", "label_tokens", "tokens_per_s", "parameter_bytes",
+                         "optimizer_state_bytes", "peak_memory_bytes"])
 
 # %%
 rank_memory = {f"{job} rank {r['rank']}": r for job in ("DDP", "FSDP2") for r in lm.jobs[job].distributed["ranks"]}
