@@ -127,6 +127,11 @@ def test_one_gpu_runs_the_jobs_as_cpu_processes():
     with labkit.machine.described("2xt4"):
         assert lab.workload(labkit.profile("ci")).device == "auto"  # two GPUs: one process on each
         assert launcher.max_processes("cuda") == 2
+        lm = lab.language_workload(labkit.profile("full"))  # Kaggle at full: SmolLM2 on both T4s, in fp16 there
+        assert (lm.model, lm.device, lm.precision, lm.evaluate) == ("smollm2_135m", "auto", "auto", False)
+        assert lab.language_workload(labkit.profile("ci")).device == "cpu"
+    with labkit.machine.described("t4"):
+        assert lab.language_workload(labkit.profile("full")).model == "tiny_llama"  # one GPU: CPU processes
 
 
 def test_parameters_and_buffers_are_compared_apart():

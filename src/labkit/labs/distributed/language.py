@@ -9,7 +9,7 @@ import pandas as pd
 
 from ... import machine
 from ...config import RunConfig
-from ...env import Profile, profile, resolve_device
+from ...env import Profile, profile
 from ...labresult import LabResult
 from ...launcher import launch
 from ...messages import worded
@@ -23,9 +23,9 @@ JOBS = {"1 process": {"nproc": 1}, "DDP": {}, "FSDP2": {"strategy": "fsdp"},
 def language_workload(prof: Profile | None = None) -> RunConfig:
     """SmolLM2-135M on two GPUs or more at ``full`` (Kaggle's 2 x T4); else a random tiny_llama as CPU processes."""
     prof = prof or profile()
-    if prof.name == "full" and resolve_device("auto").type == "cuda" and machine.here().gpu_count >= 2:
+    if prof.name == "full" and machine.here().gpu_usable and machine.here().gpu_count >= 2:
         return RunConfig(model="smollm2_135m", dataset="pydoc_text", batch_size=16, seq_len=256, pretrained=True,
-                         max_steps=prof.max_steps, evaluate=False)
+                         max_steps=prof.max_steps, evaluate=False, precision="auto")
     # unscored: the arm compares weights, tokens and memory, and each rank would score the whole test split
     return RunConfig(model="tiny_llama", dataset="pydoc_text", batch_size=8, max_steps=prof.warmup_steps + 8,
                      train_size=64, device="cpu", evaluate=False)
