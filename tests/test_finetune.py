@@ -4,14 +4,25 @@ measured peak against the predicted one on two model shapes and two data shapes,
 import json
 import time
 
+import pandas as pd
 import pytest
 import torch
 from own_fixtures import chats, model_dir, prompt_completion, write_jsonl
 
 from labkit import cli
 from labkit.errors import ConfigError
-from labkit.finetune import Finetune, Plan, audit_examples, measure_methods, packing_leak, parse_target, recommend_from
+from labkit.finetune import (
+    Finetune,
+    Plan,
+    audit_examples,
+    measure_methods,
+    measure_ranks,
+    packing_leak,
+    parse_target,
+    recommend_from,
+)
 from labkit.finetune.measure import ERROR_BOUND, UNDER_BOUND
+from labkit.labresult import LabResult
 from labkit.machine import T4_TORCH_BYTES
 from labkit.text import IGNORE_INDEX
 
@@ -152,6 +163,14 @@ def test_the_cli_plans_as_json_and_audits_with_an_exit_code(folder, capsys, monk
     assert "truncated" in capsys.readouterr().out
     assert cli.main(["plan", "Qwen/Qwen2.5-7B", "--data", data, "--gpu", "3TB"]) == 2
     assert "gpu='3TB'" in capsys.readouterr().err
+    asked = []  # on two GPUs, measure checks the plan's per-GPU rows on two processes (run in the test below)
+    stub = LabResult(pd.DataFrame({"method": ["full"]}))
+    monkeypatch.setattr(Finetune, "measure_ranks", lambda self, methods: asked.append(methods) or stub)
+    assert cli.main(["measure", "Qwen/Qwen2.5-7B", "--data", data, "--gpu", "kaggle-2xt4"]) == 0
+    assert asked == [("full", "lora")]
+    mine = Finetune(model_dir(folder, "Qwen/Qwen2.5-0.5B"), data=data, gpu="kaggle-2xt4")
+    with pytest.raises(ConfigError, match=r"method='qlora' is not allowed: 'full' or 'lora' \(QLoRA's 4-bit base"):
+        measure_ranks(mine.run_config(), mine.shape, ("lora", "qlora"))  # refused before the first job starts
 
 
 def test_qlora_is_measured_through_the_loop_within_the_stated_error(folder, long_data):

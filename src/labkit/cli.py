@@ -119,6 +119,8 @@ def _cmd_finetune(args) -> int:
                     loss_on=args.loss_on)
     if args.command == "plan":
         result = mine.plan(methods=("full", "lora", "qlora") if args.method == "auto" else (args.method,))
+    elif args.command == "measure" and mine.target.gpus > 1:  # the plan's per-GPU rows, on as many processes
+        result = mine.measure_ranks(methods=("full", "lora") if args.method == "auto" else (args.method,))
     elif args.command == "measure":
         result = mine.measure(methods=("full", "lora", "qlora") if args.method == "auto" else (args.method,))
     else:

@@ -156,10 +156,11 @@ def measure_ranks(base: RunConfig, shape: DecoderShape, methods=("full", "lora")
                   refresh: bool = False, progress: bool = False) -> RankMeasurement:
     """``base`` as each method on ``nproc`` processes (`labkit.launcher.launch`), under DDP and FSDP2: each rank's
     peak against `predicted_peak`'s per rank, and DDP's bytes all-reduced per step against the plan's."""
-    rows = []
-    for method in methods:
+    for method in methods:  # all checked before the first job starts
         if method not in ("full", "lora"):
             raise ConfigError("method", method, "'full' or 'lora' (QLoRA's 4-bit base is built in one process)")
+    rows = []
+    for method in methods:
         cfg = method_config(base, method)
         for name, strategy in STRATEGIES.items():
             job = launch(cfg, nproc=nproc, strategy=strategy, refresh=refresh, progress=progress)
